@@ -1,0 +1,1 @@
+"""kvfleet.autoscaler: scaling policy, metric sources and actuators."""

@@ -1,0 +1,73 @@
+"""The InferenceDeployment status: what the operator and the autoscaler report.
+
+The operator owns everything here except the autoscaler's decision (desiredReplicas,
+scaleReason, lastScaleTime). Nothing in status is ever read back as desired state by Argo CD,
+which is why the autoscaler writes its decision here and never into spec.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+ConditionType = Literal["Ready", "Progressing", "Degraded", "ScaledToZero"]
+CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded", "ScaledToZero")
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class StatusModel(BaseModel):
+    # Status tolerates unknown keys: an older operator must not crash on a newer one's status.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class Condition(StatusModel):
+    """One observation in the Kubernetes condition convention."""
+
+    type: ConditionType = Field(description="Ready, Progressing, Degraded or ScaledToZero.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")] = (
+        Field(description="CamelCase reason, machine readable.")
+    )
+    message: Annotated[str, StringConstraints(max_length=32_768)] = Field(
+        default="", description="Human-readable explanation."
+    )
+    last_transition_time: datetime | None = Field(default=None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this condition was computed from."
+    )
+
+
+class InferenceDeploymentStatus(StatusModel):
+    """Observed state of an InferenceDeployment."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation the operator last reconciled."
+    )
+    replicas: int | None = Field(default=None, ge=0, description="Engine pods that exist (scale subresource).")
+    ready_replicas: int | None = Field(default=None, ge=0, description="Engine pods ready to serve.")
+    desired_replicas: int | None = Field(
+        default=None, ge=0, description="Replica count decided by the autoscaler (or spec.replicas)."
+    )
+    selector: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        default=None, description="Label selector of the engine pods (for the scale subresource and HPA)."
+    )
+    last_scale_time: datetime | None = Field(default=None, description="When desiredReplicas last changed.")
+    scale_reason: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        default=None, description="Why the autoscaler chose desiredReplicas."
+    )
+    endpoint: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        default=None, description="OpenAI-compatible base URL clients use (through the router)."
+    )
+    model_digest: Annotated[str, StringConstraints(max_length=128)] | None = Field(
+        default=None, description="Digest of the weight-cache manifest of the served model."
+    )
+    measured_cold_start_seconds: float | None = Field(
+        default=None, ge=0, description="Cold start the launcher last measured (pull to first ready)."
+    )
+    conditions: list[Condition] = Field(default_factory=list, max_length=8, description="Current conditions.")
+
+    def condition(self, type_: ConditionType) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)

@@ -1,0 +1,1 @@
+"""kvfleet.router: the OpenAI-compatible, prefix-aware router and its activator."""
