@@ -159,7 +159,7 @@ def _append_bounded(items: tuple[T, ...], item: T, limit: int) -> tuple[T, ...]:
     return out[-limit:] if len(out) > limit else out
 
 
-def _stale_problem(obs: Observation, now_s: float, settings: PolicySettings) -> str | None:
+def _stale_problem(obs: Observation, current: int, now_s: float, settings: PolicySettings) -> str | None:
     """Why this observation cannot be trusted, or None."""
     if obs.error is not None:
         return f"metric source failed: {obs.error}"
@@ -180,8 +180,10 @@ def _stale_problem(obs: Observation, now_s: float, settings: PolicySettings) -> 
             return f"{name} is {value!r}"
     if obs.ready_replicas > 0 and obs.engine_concurrency is None and obs.router_in_flight is None:
         return f"no concurrency metrics while {obs.ready_replicas} replicas are ready"
-    if obs.ready_replicas == 0 and obs.queue_depth is None and obs.arrival_rate_rps is None:
-        return "no router metrics (queue depth, arrival rate) while no replica is ready"
+    if current > 0 and obs.ready_replicas == 0 and obs.queue_depth is None and obs.arrival_rate_rps is None:
+        # Replicas are starting and no one reports load. (At zero, a router that has not seen the
+        # model yet has no series for it; that is "no traffic", and a wake signal still wakes.)
+        return "no router metrics (queue depth, arrival rate) while replicas start"
     return None
 
 
@@ -203,7 +205,7 @@ def decide(
     limit = settings.max_history_samples
     floor = max(spec.min_replicas, 1)
 
-    problem = _stale_problem(obs, now, settings)
+    problem = _stale_problem(obs, current, now, settings)
     if problem is not None:
         held = _clamp(current, spec.min_replicas, spec.max_replicas)
         reason: Reason = "metrics_stale"

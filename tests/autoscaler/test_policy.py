@@ -214,6 +214,13 @@ def test_wake_from_zero() -> None:
     assert (d.desired_replicas, d.reason) == (3, "wake")
 
 
+def test_no_router_series_at_zero_is_no_traffic() -> None:
+    # A router that never saw the model has no series for it: at zero that is not a stale episode.
+    s = spec(min_replicas=0, scale_to_zero_after_seconds=300)
+    d = decide(obs(1000, ready=0, engine_concurrency=None, queue_depth=None), settled(0), s, now=1000)
+    assert (d.desired_replicas, d.reason) == (0, "steady")
+
+
 def test_wake_works_even_when_metrics_are_stale() -> None:
     s = spec(min_replicas=0, scale_to_zero_after_seconds=300)
     d = decide(Observation.failed(1000, "connection refused", wake_requested=True), settled(0), s, now=1000)
@@ -228,6 +235,7 @@ def test_wake_works_even_when_metrics_are_stale() -> None:
         (obs(1000, ready=3, engine_concurrency=None), "no concurrency metrics while 3 replicas are ready"),
         (obs(1000, load=math.nan, ready=3), "engine_concurrency is nan"),
         (obs(1000, ready=0, engine_concurrency=None, queue_depth=None, arrival_rate_rps=None), "no router metrics"),
+        (obs(1000, ready=3, queue_depth=-1.0), "queue_depth is -1.0"),
     ],
 )
 def test_stale_or_missing_metrics_hold(observation: Observation, problem: str) -> None:
