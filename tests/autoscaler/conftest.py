@@ -1,5 +1,5 @@
-"""Real local servers for the autoscaler's tests: a metrics endpoint whose values the test sets
-(prometheus_client's HTTP server) and the Prometheus binary scraping it."""
+"""Real local servers for the autoscaler's tests: a metrics endpoint whose values the test sets,
+the Prometheus binary scraping it, and KMock as the Kubernetes API."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import kmock
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kvfleet.autoscaler.kube_api import KubeApi, KubeConnection
 from tests.conftest import pick_free_port
 
 MODEL = "tiny-chat"
@@ -158,3 +160,52 @@ def prometheus(tmp_path: Path, metrics_endpoint: MetricsEndpoint) -> Iterator[Pr
         yield server
     finally:
         server.stop()
+
+
+INFD = "kvfleet.io/v1alpha1/inferencedeployments"
+LEASES = "coordination.k8s.io/v1/leases"
+VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
+
+
+@dataclass
+class Kube:
+    emulator: kmock.KubernetesEmulator
+    url: str
+
+    def api(self) -> KubeApi:
+        return KubeApi(KubeConnection(server=self.url), timeout_s=5.0)
+
+    def add_deployment(self, name: str, spec: dict[str, Any], status: dict[str, Any] | None = None) -> None:
+        body: dict[str, Any] = {
+            "apiVersion": "kvfleet.io/v1alpha1",
+            "kind": "InferenceDeployment",
+            # KMock invents neither uid nor resourceVersion.
+            "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "resourceVersion": "1"},
+            "spec": spec,
+        }
+        if status is not None:
+            body["status"] = status
+        self.emulator.objects[kmock.resource(INFD), "default", name] = body
+
+    def deployment(self, name: str) -> Any:
+        return self.emulator.objects[kmock.resource(INFD), "default", name]
+
+    def lease(self, name: str = "kvfleet-autoscaler") -> Any:
+        return self.emulator.objects[kmock.resource(LEASES), "default", name]
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[Kube]:
+    emulator = kmock.KubernetesEmulator()
+    emulator.resources.load_bundled()
+    emulator.resources[INFD] = kmock.ResourceInfo(
+        kind="InferenceDeployment",
+        singular="inferencedeployment",
+        namespaced=True,
+        verbs=VERBS,
+        subresources={"status"},
+    )
+    # Not in KMock's bundled list (built-ins v1 and apiregistration only): register it.
+    emulator.resources[LEASES] = kmock.ResourceInfo(kind="Lease", singular="lease", namespaced=True, verbs=VERBS)
+    async with emulator, kmock.Server(emulator) as server:
+        yield Kube(emulator, str(server.url).rstrip("/"))
