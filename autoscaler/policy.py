@@ -228,7 +228,9 @@ def decide(
     stable_load = _mean_since(samples, now - spec.window_seconds)
     panic_load = _mean_since(samples, now - spec.panic_window_seconds)
     traffic = load > 0 or rate > 0 or obs.wake_requested
-    last_traffic = now if traffic else state.last_traffic_at_s
+    # Idleness counts only over fresh observations: the first fresh tick after a stale episode
+    # restarts the idle clock, whenever the last stale tick was.
+    last_traffic = now if traffic or state.stale_since_s is not None else state.last_traffic_at_s
 
     forecast = holt_update(state.forecast, rate, now, settings.forecast)
     latency_s = state.latency_s

@@ -252,6 +252,13 @@ def test_stale_or_missing_metrics_hold(observation: Observation, problem: str) -
     d3 = decide(obs(1002, load=0, ready=3), d2.state, s, now=1002)
     assert d3.state.stale_since_s is None
     assert d3.desired_replicas == 3  # the held 3 is among the proposals of the last 120 s
+    # Zero comes only 60 s of fresh idle observations after recovery, however long ago the last
+    # stale tick was.
+    assert d3.state.last_traffic_at_s == 1002
+    d4 = decide(obs(1061, load=0, ready=3), d3.state, s, now=1061)
+    assert d4.desired_replicas == 3
+    d5 = decide(obs(1062, load=0, ready=3), d4.state, s, now=1062)
+    assert (d5.desired_replicas, d5.reason) == (0, "scale_to_zero")
 
 
 def test_stale_hold_also_blocks_scale_down_after_recovery() -> None:
