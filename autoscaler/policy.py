@@ -9,8 +9,8 @@ Rules, in the order they apply (every decision names the rule in ``reason`` and 
    A router wake still wakes a deployment at zero (the wake is itself evidence of demand).
 2. **Signals.** load = max(engine running + waiting, router in-flight) + router queue. Each signal
    proposes ceil(load / per-replica target): concurrency over the stable window (Knative's 60 s),
-   or over the panic window (6 s) while panicking; KV-cache and GPU utilization as
-   ceil(ready x utilization / target); TTFT p90 above the SLO as ceil(ready x p90 / SLO) (capped);
+   or over the panic window (6 s) while panicking; KV-cache and (when a target is set) GPU
+   utilization as ceil(ready x utilization / target); TTFT p90 above the SLO as ceil(ready x p90 / SLO) (capped);
    and a Holt forecast of the arrival rate ``coldStartSeconds`` ahead (the measured cold start
    when known): the growth it expects, turned into concurrency with Little's law (latency =
    load / arrival rate, smoothed), is added to the stable load. The proposal is the max.
@@ -75,8 +75,10 @@ class PolicySettings:
     """Remove at most this share of replicas per step (Knative's max-scale-down-rate 2); >= 1 always."""
     scale_down_step_interval_s: float = 30.0
     """Least time between two scale-down steps, so each step's effect is seen before the next."""
-    target_gpu_utilization: float = 0.9
-    """DCGM GPU utilization saturates at any load, so only a near-full GPU adds replicas."""
+    target_gpu_utilization: float | None = None
+    """Off by default: DCGM_FI_DEV_GPU_UTIL is the share of time any kernel ran, so it reads ~100%
+    as soon as one request is in flight and would add a replica on every tick. Set a target only
+    for a GPU metric that tracks load (e.g. SM activity)."""
     ttft_max_scale_factor: float = 2.0
     """A TTFT breach at most doubles the replicas in one decision."""
     forecast: HoltSettings = field(default_factory=HoltSettings)
@@ -93,7 +95,7 @@ class PolicySettings:
             "max_metrics_age_s": self.max_metrics_age_s > 0,
             "scale_down_max_fraction": 0.0 < self.scale_down_max_fraction <= 1.0,
             "scale_down_step_interval_s": self.scale_down_step_interval_s >= 0,
-            "target_gpu_utilization": 0.0 < self.target_gpu_utilization <= 1.0,
+            "target_gpu_utilization": self.target_gpu_utilization is None or 0 < self.target_gpu_utilization <= 1,
             "ttft_max_scale_factor": self.ttft_max_scale_factor > 1.0,
             "latency_alpha": 0.0 < self.latency_alpha <= 1.0,
             "max_forecast_growth_ratio": self.max_forecast_growth_ratio >= 1.0,
@@ -257,8 +259,9 @@ def decide(
     if ready > 0 and obs.kv_cache_utilization is not None:
         n = math.ceil(ready * obs.kv_cache_utilization / spec.target_kv_cache_utilization)
         proposals["kv_cache"] = (n, f"KV cache {obs.kv_cache_utilization:.0%} on {ready} ready")
-    if ready > 0 and obs.gpu_utilization is not None:
-        n = math.ceil(ready * obs.gpu_utilization / settings.target_gpu_utilization)
+    gpu_target = settings.target_gpu_utilization
+    if ready > 0 and obs.gpu_utilization is not None and gpu_target is not None:
+        n = math.ceil(ready * obs.gpu_utilization / gpu_target)
         proposals["gpu_utilization"] = (n, f"GPU utilization {obs.gpu_utilization:.0%} on {ready} ready")
     slo_s = spec.ttft_slo_seconds
     if ready > 0 and slo_s is not None and obs.ttft_p90_s is not None and obs.ttft_p90_s > slo_s:

@@ -56,7 +56,9 @@ class AutoscalerSettings(BaseModel):
     panic_threshold_ratio: float = Field(default=2.0, gt=1.0, le=100)
     scale_down_max_fraction: float = Field(default=0.5, gt=0, le=1.0)
     scale_down_step_interval_s: float = Field(default=30.0, ge=0, le=3600)
-    target_gpu_utilization: float = Field(default=0.9, gt=0, le=1.0)
+    target_gpu_utilization: float | None = Field(
+        default=None, gt=0, le=1.0, description="GPU utilization target; off by default (DCGM's saturates)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AutoscalerSettings:

@@ -150,9 +150,13 @@ def test_kv_cache_gpu_and_ttft_signals() -> None:
     d = decide(obs(1000, load=2, ready=2, kv_cache_utilization=0.9), settled(2), spec(), now=1000)
     assert (d.desired_replicas, d.reason) == (3, "scale_up")
     assert "kv_cache" in d.detail
-    # DCGM 100% on 2 ready, target 90%: ceil(2.22) = 3.
-    d = decide(obs(1000, load=2, ready=2, gpu_utilization=1.0), settled(2), spec(), now=1000)
+    # DCGM 100% on 2 ready, target 90%: ceil(2.22) = 3 -- only with a target set; by default the
+    # saturating DCGM utilization proposes nothing.
+    gpu = PolicySettings(target_gpu_utilization=0.9)
+    d = decide(obs(1000, load=2, ready=2, gpu_utilization=1.0), settled(2), spec(), now=1000, settings=gpu)
     assert d.desired_replicas == 3 and "gpu_utilization" in d.detail
+    d = decide(obs(1000, load=2, ready=2, gpu_utilization=1.0), settled(2), spec(), now=1000)
+    assert "gpu_utilization" not in d.detail and d.desired_replicas <= 2
     # TTFT p90 3 s against a 1 s SLO on 2 ready: the factor 3 is capped at 2 -> 4.
     d = decide(obs(1000, load=2, ready=2, ttft_p90_s=3.0), settled(2), spec(ttft_slo_seconds=1.0), now=1000)
     assert d.desired_replicas == 4 and "ttft" in d.detail
