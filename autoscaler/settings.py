@@ -54,7 +54,7 @@ class AutoscalerSettings(BaseModel):
     retry_period_s: float = Field(default=2.0, gt=0, le=3600)
     max_metrics_age_s: float = Field(default=30.0, gt=0, le=3600, description="Older samples are stale: hold.")
     panic_threshold_ratio: float = Field(default=2.0, gt=1.0, le=100)
-    scale_down_max_fraction: float = Field(default=0.5, gt=0, le=1.0)
+    scale_down_max_fraction: float = Field(default=0.25, gt=0, le=1.0)
     scale_down_step_interval_s: float = Field(default=30.0, ge=0, le=3600)
     target_gpu_utilization: float | None = Field(
         default=None, gt=0, le=1.0, description="GPU utilization target; off by default (DCGM's saturates)."
