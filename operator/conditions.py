@@ -154,7 +154,12 @@ def _conditions(obs: Observed) -> list[Cond]:
     if obs.invalid_spec is not None:
         progressing = Cond("Progressing", "False", "InvalidSpec", "fix the spec; children left as they were")
     elif moving:
-        reason = "RollingOut" if dep.updated_replicas < desired or dep.replicas > dep.updated_replicas else "ScalingUp"
+        template_moving = (
+            dep.observed_generation < dep.generation
+            or dep.updated_replicas < desired
+            or dep.replicas > dep.updated_replicas
+        )
+        reason = "RollingOut" if template_moving else "ScalingUp"
         progressing = Cond("Progressing", "True", reason, why)
     else:
         progressing = Cond("Progressing", "False", "Complete", why)

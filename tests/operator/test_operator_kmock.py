@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import kmock
+from aiohttp import web
 from support.kube_emulator import (
     CONFIGMAPS,
     DEPLOYMENTS,
     EVENTS,
     INFD,
     PDBS,
+    SERVICE_MONITORS,
     SERVICES,
     Cluster,
     RunningOperator,
@@ -275,3 +278,63 @@ async def _quiet(cluster: Cluster, window_s: float = 1.0, timeout_s: float = 10.
         await asyncio.sleep(0.1)
         if len(cluster.writes()) != count:
             count, since = len(cluster.writes()), loop.time()
+
+
+async def test_service_monitor_when_its_crd_is_served(cluster: Cluster) -> None:
+    cluster.api.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
+        kind="ServiceMonitor",
+        singular="servicemonitor",
+        namespaced=True,
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+    )
+    running = await start_operator(cluster, operator_settings())
+    try:
+        await cluster.create_infd(tiny())
+        monitor = await eventually(lambda: cluster.get(SERVICE_MONITORS, NS, "tiny-engine"), what="the ServiceMonitor")
+        assert monitor["spec"]["selector"]["matchLabels"]["kvfleet.io/deployment"] == "tiny"
+    finally:
+        await stop_operator(running)
+
+
+async def test_measured_cold_start_comes_from_the_launcher(cluster: Cluster, free_port: int) -> None:
+    """A real HTTP launcher endpoint on loopback stands in for the pod's port 9400."""
+    app = web.Application()
+    asked: list[str] = []
+
+    async def coldstart(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.json_response({"totalSeconds": 42.5, "phases": {"pull": 30.0, "load": 12.5}})
+
+    app.router.add_get("/coldstart", coldstart)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", free_port).start()
+    running = await start_operator(cluster, operator_settings(launcher_port=free_port))
+    try:
+        await cluster.create_infd(tiny())
+        await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "tiny-engine-abc",
+                "namespace": NS,
+                "labels": {"app.kubernetes.io/name": "kvfleet-engine", "kvfleet.io/deployment": "tiny"},
+            },
+            "status": {
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2025-01-01T00:00:00Z"}],
+            },
+        }
+        await cluster.call("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+        await cluster.roll_out(NS, "tiny", ready=1)
+        infd = await eventually(
+            lambda: (o := cluster.get(INFD, NS, "tiny")) and "measuredColdStartSeconds" in o["status"] and o,
+            what="measuredColdStartSeconds",
+        )
+        assert infd["status"]["measuredColdStartSeconds"] == 42.5
+        await _sleep(running.settings.resync_interval_s * 3)
+        assert asked == ["/coldstart"]  # asked once per pod, remembered after
+    finally:
+        await stop_operator(running)
+        await runner.cleanup()
