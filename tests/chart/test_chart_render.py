@@ -87,19 +87,28 @@ def test_namespaced_mode_grants_nothing_cluster_wide(render_ci: Render) -> None:
     docs = render_ci(CHART / "ci" / "namespaced-values.yaml")
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Role"}
-    components = ("operator", "router", "autoscaler")
-    assert roles == {(ns, f"kvf-kvfleet-{c}") for ns in ("team-a", "team-b") for c in components}
+    assert roles == {("team-a", f"kvf-kvfleet-{c}") for c in ("operator", "router", "autoscaler")}
     for binding in (d for d in docs if d["kind"] == "RoleBinding"):
         (subject,) = binding["subjects"]
         assert subject["namespace"] == "kvfleet-system"  # the ServiceAccounts live in the release namespace
     for deployment in (d for d in docs if d["kind"] == "Deployment"):
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+        assert "--namespace=team-a" in args and "--all-namespaces" not in args
     engines = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith("-engines"))
-    assert engines["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert engines["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert "KvfleetTTFTSLOBurnSlow" not in alerts and "KvfleetTTFTSLOBurnFast" in alerts
+
+
+def test_several_namespaces_get_a_role_each_without_the_router() -> None:
+    values = {"scope": {"mode": "namespace", "namespaces": ["team-a", "team-b"]}, "router": {"enabled": False}}
+    docs = objects(render(values))
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Role"}
+    assert roles == {(ns, f"kvf-kvfleet-{c}") for ns in ("team-a", "team-b") for c in ("operator", "autoscaler")}
+    operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
 
 
 def test_namespaced_mode_defaults_to_the_release_namespace() -> None:
@@ -119,10 +128,12 @@ def test_router_wakes_through_the_autoscaler_service(render_ci: Render) -> None:
     docs = render_ci(CHART / "ci" / "minimal-values.yaml")
     router = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--wake-url=http://kvf-kvfleet-autoscaler.kvfleet-system.svc:8081" in args
+    assert "--autoscaler-url=http://kvf-kvfleet-autoscaler.kvfleet-system.svc:8081" in args
     without = objects(render({"autoscaler": {"enabled": False}}))
     router = next(d for d in without if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
-    assert not [a for a in router["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--wake-url")]
+    assert not [
+        a for a in router["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--autoscaler-url")
+    ]
 
 
 def test_chart_crd_is_the_generated_file() -> None:

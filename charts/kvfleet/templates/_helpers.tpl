@@ -115,6 +115,9 @@ Rendered once from templates/validate.yaml.
 {{- if and (eq .Values.scope.mode "cluster") .Values.scope.namespaces -}}
 {{- $errors = append $errors "scope.namespaces is only used with scope.mode: namespace; remove it or set the mode" -}}
 {{- end -}}
+{{- if and .Values.router.enabled (eq .Values.scope.mode "namespace") (gt (len .Values.scope.namespaces) 1) -}}
+{{- $errors = append $errors (printf "scope.namespaces lists %d namespaces, but the router watches one namespace or all (kvfleet router serve --namespace); use one namespace, or cluster mode" (len .Values.scope.namespaces)) -}}
+{{- end -}}
 {{- if not (or .Values.operator.enabled .Values.router.enabled .Values.autoscaler.enabled) -}}
 {{- $errors = append $errors "operator, router and autoscaler are all disabled: enable at least one" -}}
 {{- end -}}
