@@ -13,6 +13,7 @@ import click
 # name -> ("module:attribute", one-line help). A component adds its group here.
 LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "crd": ("kvfleet.crd_cli:crd", "Generate or check the InferenceDeployment CRD."),
+    "engine": ("kvfleet.engine.cli:engine", "Serve a model with the reference engine, or build a tiny test model."),
 }
 
 
