@@ -13,6 +13,7 @@ import click
 # name -> ("module:attribute", one-line help). A component adds its group here.
 LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "crd": ("kvfleet.crd_cli:crd", "Generate or check the InferenceDeployment CRD."),
+    "operator": ("kvfleet.operator.cli:operator", "Run the Kubernetes operator; print its RBAC."),
 }
 
 
