@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import kmock
+import pytest
 from aiohttp import web
 from support.kube_emulator import (
     CONFIGMAPS,
@@ -13,6 +14,7 @@ from support.kube_emulator import (
     EVENTS,
     INFD,
     PDBS,
+    PEERINGS,
     SERVICE_MONITORS,
     SERVICES,
     Cluster,
@@ -24,6 +26,8 @@ from support.kube_emulator import (
 )
 
 NS = "default"
+# kmock 0.8 loads its bundled resources with a deprecated importlib call.
+pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
 
 def tiny(name: str = "tiny", **spec_overrides: Any) -> dict[str, Any]:
@@ -338,3 +342,46 @@ async def test_measured_cold_start_comes_from_the_launcher(cluster: Cluster, fre
     finally:
         await stop_operator(running)
         await runner.cleanup()
+
+
+async def test_peering_lets_only_the_highest_priority_replica_work(cluster: Cluster) -> None:
+    """Two replicas with kopf peering: the higher priority one reconciles, the other stands by."""
+    cluster.api.resources["kopf.dev/v1/clusterkopfpeerings"] = kmock.ResourceInfo(
+        kind="ClusterKopfPeering",
+        singular="clusterkopfpeering",
+        namespaced=False,
+        verbs={"get", "list", "watch", "patch"},
+    )
+    await cluster.call(
+        "POST",
+        "/apis/kopf.dev/v1/clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "kvfleet"}},
+    )
+    low = await start_operator(
+        cluster, operator_settings(peering_name="kvfleet", priority=10, router_endpoint="http://low/v1")
+    )
+    high = await start_operator(
+        cluster, operator_settings(peering_name="kvfleet", priority=20, router_endpoint="http://high/v1")
+    )
+    try:
+        # Both see each other through the peering object before any work arrives.
+        await eventually(
+            lambda: len((cluster.get(PEERINGS, None, "kvfleet") or {}).get("status") or {}) >= 2,
+            what="both replicas in the peering object",
+        )
+        await _sleep(1.0)
+        await cluster.create_infd(tiny())
+        infd = await eventually(
+            lambda: (o := cluster.get(INFD, NS, "tiny")) and o.get("status", {}).get("endpoint") and o,
+            what="a status from one replica",
+        )
+        await _sleep(low.settings.resync_interval_s * 4)
+        infd = cluster.get(INFD, NS, "tiny")
+        assert infd is not None and infd["status"]["endpoint"] == "http://high/v1"
+        # The paused replica never wrote: no version of the object ever carried its endpoint.
+        versions = cluster.api.objects[INFD, NS, "tiny"].history
+        endpoints = {((v or {}).get("status") or {}).get("endpoint") for v in versions}
+        assert "http://low/v1" not in endpoints
+    finally:
+        await stop_operator(high)
+        await stop_operator(low)
