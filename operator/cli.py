@@ -26,23 +26,31 @@ def operator() -> None:
 
 @operator.command()
 @click.option("-n", "--namespace", "namespaces", multiple=True, help="Watch only these namespaces (repeat).")
+@click.option("--all-namespaces", is_flag=True, help="Watch every namespace (the default without --namespace).")
+@click.option("--port", "health_port", type=int, help="Serve the liveness probe on 0.0.0.0:PORT/healthz.")
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+)
 @click.option("--router-endpoint", help="OpenAI base URL of the shared router, written to status.endpoint.")
 @click.option("--resync-interval-s", type=float, help="Seconds between drift checks of each deployment.")
 @click.option("--peering", "peering_name", help=f"kopf peering name for HA (e.g. {PEERING_NAME}); omit to run alone.")
 @click.option("--priority", type=int, help="Peering priority; default random, so replicas never tie.")
-@click.option("--verbose", is_flag=True, help="Debug logging.")
 def run(
     namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    health_port: int | None,
+    log_level: str,
     router_endpoint: str | None,
     resync_interval_s: float | None,
     peering_name: str | None,
     priority: int | None,
-    verbose: bool,
 ) -> None:
     """Run the operator (in a pod, or against the current kubeconfig)."""
     from .runner import run_operator
 
-    values: dict[str, object] = {"namespaces": namespaces}
+    if all_namespaces and namespaces:
+        raise click.UsageError("--all-namespaces and --namespace exclude each other")
+    values: dict[str, object] = {"namespaces": namespaces, "health_port": health_port}
     if router_endpoint:
         values["router_endpoint"] = router_endpoint
     if resync_interval_s is not None:
@@ -56,9 +64,7 @@ def run(
         settings = OperatorSettings.model_validate(values)
     except ValidationError as e:
         raise click.UsageError(str(e)) from e
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
-    )
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(run_operator(settings))
 
 

@@ -107,7 +107,7 @@ def test_tiny_gets_ready_and_answers_through_the_router(kubeconfig: str) -> None
     os.environ["KUBECONFIG"] = kubeconfig
     stop, ready = threading.Event(), threading.Event()
     settings = OperatorSettings(
-        namespaces=(ns,), resync_interval_s=5, router_endpoint=f"http://kvfleet-router.{router_ns}.svc:8000/v1"
+        namespaces=(ns,), resync_interval_s=5, router_endpoint=f"http://kvfleet-router.{router_ns}.svc/v1"
     )
     operator = threading.Thread(
         target=lambda: asyncio.run(run_operator(settings, stop_flag=stop, ready_flag=ready)), daemon=True
@@ -152,7 +152,7 @@ def test_tiny_gets_ready_and_answers_through_the_router(kubeconfig: str) -> None
                 "--address",
                 "127.0.0.1",
                 "svc/kvfleet-router",
-                f"{local_port}:8000",
+                f"{local_port}:80",
             ],
             stdout=subprocess.PIPE,
             text=True,

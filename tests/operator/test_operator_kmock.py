@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kmock
 import pytest
+import yaml
 from aiohttp import web
+from conftest import pick_free_port
 from support.kube_emulator import (
     CONFIGMAPS,
     DEPLOYMENTS,
@@ -385,3 +391,59 @@ async def test_peering_lets_only_the_highest_priority_replica_work(cluster: Clus
     finally:
         await stop_operator(high)
         await stop_operator(low)
+
+
+async def test_cli_runs_the_operator_with_kubeconfig_and_health(cluster: Cluster, tmp_path: Path) -> None:
+    """`kvfleet operator run` as a subprocess: kubeconfig login, the liveness endpoint, a reconcile."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
+                "users": [{"name": "kmock", "user": {"token": "test-token"}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+            }
+        )
+    )
+    port = pick_free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kvfleet.cli",
+        "operator",
+        "run",
+        "--port",
+        str(port),
+        "--resync-interval-s",
+        "1",
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+
+        async def healthy() -> bool:
+            try:
+                async with cluster.http.get(f"http://127.0.0.1:{port}/healthz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while not await healthy():
+            assert proc.returncode is None, "the operator exited"
+            assert asyncio.get_running_loop().time() < deadline, "no /healthz"
+            await asyncio.sleep(0.2)
+        await cluster.create_infd(tiny())
+        await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+        assert any(r.headers.get("Authorization") == "Bearer test-token" for r in list(cluster.api))
+    finally:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=20)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
