@@ -49,6 +49,7 @@ class Params:
     output_tokens: int
     utilisation: float  # offered load as a fraction of the fleet's capacity with no cache hits
     seed: int
+    bound: float  # kvfleet's loadImbalanceBound
 
 
 @dataclass
@@ -199,9 +200,10 @@ def sticky_hash(n_replicas: int, key_blocks: int = 2, vnodes: int = 100) -> Rout
     return route
 
 
-def kvfleet(cache_blocks: int) -> Router:
+def kvfleet(cache_blocks: int, bound: float) -> Router:
     index = PrefixIndex(cache_blocks)
-    strategy = build_strategy(RoutingSpec(prefix_block_chars=BLOCK_CHARS), index, load_penalty=0.5)
+    routing = RoutingSpec(prefix_block_chars=BLOCK_CHARS, load_imbalance_bound=bound)
+    strategy = build_strategy(routing, index, load_penalty=0.5)
 
     def route(req: Request, engines: list[Engine]) -> int:
         candidates = [Candidate(str(i), e.assigned) for i, e in enumerate(engines)]
@@ -300,6 +302,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--utilisation", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--bound", type=float, default=1.25, help="kvfleet's loadImbalanceBound")
+    parser.add_argument("--only", default="", help="comma-separated workload names (default: all)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     p = Params(
@@ -312,16 +316,18 @@ def main() -> None:
         output_tokens=64,
         utilisation=args.utilisation,
         seed=args.seed,
+        bound=args.bound,
     )
     strategies: dict[str, Callable[[], Router]] = {
         "round-robin": round_robin,
         "least-load": least_load,
         "sticky-hash": lambda: sticky_hash(p.replicas),
-        "kvfleet": lambda: kvfleet(p.cache_blocks),
+        "kvfleet": lambda: kvfleet(p.cache_blocks, p.bound),
     }
     results: dict[str, dict[str, dict[str, float]]] = {}
     started = time.monotonic()
-    for workload in WORKLOADS:
+    chosen = [w for w in WORKLOADS if not args.only or w in args.only.split(",")]
+    for workload in chosen:
         trace = make_trace(workload, p)
         results[workload] = {}
         for name, factory in strategies.items():
@@ -376,7 +382,8 @@ def write(out: Path, p: Params, results: dict[str, dict[str, dict[str, float]]],
     )
     lines = [
         f"Simulated {p.replicas} replicas x {p.slots} slots, {p.cache_blocks} cached blocks of {BLOCK_CHARS} chars "
-        f"each, {p.requests} requests per workload at {p.utilisation:.0%} of no-cache capacity (seed {p.seed}).",
+        f"each, {p.requests} requests per workload at {p.utilisation:.0%} of no-cache capacity (seed {p.seed}); "
+        f"kvfleet with loadImbalanceBound {p.bound:g}.",
         "",
         "| workload | strategy | prefix hit rate | imbalance (max/mean served) | in-flight max/mean | "
         "TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | TTFT mean (ms) |",

@@ -181,7 +181,10 @@ class Proxy:
         """Send the request and read its first body bytes: everything here may still be retried."""
         try:
             upstream = await self._session().post(lease.url + path_qs, data=raw, headers=headers, timeout=self._timeout)
-        except aiohttp.ClientConnectionError as e:  # refused, reset, disconnected before the headers
+        except aiohttp.SocketTimeoutError as e:
+            # Connected and sent, then silence: the replica may still be working on it, so no retry.
+            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
+        except aiohttp.ClientConnectionError as e:  # refused, connect timeout, reset or closed before the headers
             raise UpstreamAttemptError(lease.replica_id, f"{type(e).__name__}: {e}") from e
         except TimeoutError as e:
             raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
@@ -190,6 +193,9 @@ class Proxy:
                 # Draining or still loading: nothing was done, try another replica.
                 raise UpstreamAttemptError(lease.replica_id, "answered 503 (draining or not ready)")
             first = await upstream.content.readany()
+        except aiohttp.SocketTimeoutError as e:
+            upstream.close()
+            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response body in time") from e
         except aiohttp.ClientConnectionError as e:
             upstream.close()
             raise UpstreamAttemptError(lease.replica_id, f"broke before the first byte: {e!r}") from e
