@@ -13,6 +13,7 @@ import click
 # name -> ("module:attribute", one-line help). A component adds its group here.
 LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "crd": ("kvfleet.crd_cli:crd", "Generate or check the InferenceDeployment CRD."),
+    "local": ("kvfleet.local_cli:local", "Run deployments on this machine: engines, router, autoscaler."),
 }
 
 

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -87,6 +87,7 @@ class DeploymentProcesses:
     max_replicas: int
     # Engine-side in-flight requests (running + waiting); added to the router's count when draining.
     engine_inflight: Callable[[str], Awaitable[int]] | None = None
+    env: Mapping[str, str] | None = None
     clock: Callable[[], float] = time.monotonic
     desired: int = 0
     desired_reason: str = "initial"
@@ -191,7 +192,7 @@ class DeploymentProcesses:
         for attempt in range(1, s.start_attempts + 1):
             replica.port = pick_free_port()
             log_path = self.log_dir / f"{replica.replica_id}.log"
-            replica.child = await spawn(self.command(replica.port), log_path)
+            replica.child = await spawn(self.command(replica.port), log_path, self.env)
             try:
                 await wait_healthy(
                     replica.child,

@@ -22,6 +22,7 @@ TTFT = "vllm:time_to_first_token_seconds"
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
 REQUESTS_DONE = "vllm:request_success"
+KV_USAGE = "vllm:kv_cache_usage_perc"
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class EngineSample:
     requests_done: float = 0.0
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
+    kv_cache_usage: float = 0.0
     ttft_buckets: Mapping[float, float] = field(default_factory=dict)
 
 
@@ -54,6 +56,7 @@ def parse_engine_metrics(text: str) -> EngineSample:
         requests_done=sums.get(REQUESTS_DONE, 0.0),
         prefix_queries=sums.get(PREFIX_QUERIES, 0.0),
         prefix_hits=sums.get(PREFIX_HITS, 0.0),
+        kv_cache_usage=sums.get(KV_USAGE, 0.0),
         ttft_buckets=buckets,
     )
 
