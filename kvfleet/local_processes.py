@@ -99,15 +99,16 @@ class ChildProcess:
         with contextlib.suppress(OSError):
             self._log.close()
 
-    def log_tail(self, max_bytes: int = 2000) -> str:
-        """The end of the child's output, for error messages."""
+    def log_tail(self, max_lines: int = 5, max_bytes: int = 4000) -> str:
+        """The last lines of the child's output, for error messages (bounded: they go into events)."""
         try:
             with self.log_path.open("rb") as handle:
                 handle.seek(0, os.SEEK_END)
                 handle.seek(max(0, handle.tell() - max_bytes))
-                return handle.read().decode("utf-8", "replace")
+                lines = handle.read().decode("utf-8", "replace").splitlines()
         except OSError:
             return ""
+        return "\n".join(line[:300] for line in lines[-max_lines:])
 
 
 async def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> ChildProcess:

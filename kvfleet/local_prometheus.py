@@ -82,6 +82,8 @@ class LocalPrometheus:
 
 
 def _write_files(workdir: Path, router_address: str, scrape_interval_s: float) -> tuple[Path, Path]:
+    # Prometheus resolves relative paths from the config file's folder: give it absolute ones.
+    workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     targets_file = workdir / "engine-targets.json"
     write_atomically(targets_file, "[]")
@@ -103,6 +105,7 @@ async def start_prometheus(
 ) -> LocalPrometheus:
     """Write the config, start Prometheus on loopback and wait until it answers /-/ready."""
     targets_file, config_file = _write_files(workdir, router_address, scrape_interval_s)
+    workdir = config_file.parent
     port = port or pick_free_port()
     argv = [
         binary,

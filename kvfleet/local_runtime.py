@@ -110,7 +110,10 @@ class DeploymentRun:
     policy: PolicyState
     direct: DirectSource = field(default_factory=DirectSource)
     window: MetricWindow = field(default_factory=MetricWindow)
-    last_decision: Decision | None = None
+    decision: Decision | None = None
+    # The last decision that changed the replica count, and when (what the view calls "last scaling").
+    last_scaling: Decision | None = None
+    last_scaling_at_s: float | None = None
     wake_requested: bool = False
 
 
@@ -283,9 +286,9 @@ class LocalRuntime:
             run.wake_requested = False
         decision = decide(observation, run.policy, autoscaling, now)
         run.policy = decision.state
-        previous = processes.desired
-        if decision.desired_replicas != previous or run.last_decision is None or decision.reason != "steady":
-            run.last_decision = decision
+        if decision.desired_replicas != processes.desired:
+            run.last_scaling, run.last_scaling_at_s = decision, now
+        run.decision = decision
         processes.set_desired(decision.desired_replicas, f"{decision.reason}: {decision.detail}")
 
     @staticmethod
@@ -327,7 +330,8 @@ class LocalRuntime:
             stats = run.window.stats()
             spec = run.deployment.spec
             a = spec.autoscaling
-            decision = run.last_decision
+            current, scaling = run.decision, run.last_scaling
+            ago = f" ({self.clock() - run.last_scaling_at_s:.0f} s ago)" if run.last_scaling_at_s is not None else ""
             deployments.append(
                 DeploymentStatus(
                     name=name,
@@ -345,8 +349,9 @@ class LocalRuntime:
                     ttft_p50_s=stats.ttft_p50_s,
                     ttft_p99_s=stats.ttft_p99_s,
                     prefix_hit_rate=stats.prefix_hit_rate,
-                    last_decision=f"{decision.reason} -> {decision.desired_replicas}" if decision else None,
-                    last_decision_reason=decision.detail if decision else None,
+                    last_decision=f"{scaling.reason} -> {scaling.desired_replicas}{ago}" if scaling else None,
+                    last_decision_reason=scaling.detail if scaling else None,
+                    current_decision=f"{current.reason}: {current.detail}" if current else None,
                     events=list(run.processes.events)[-10:],
                 )
             )

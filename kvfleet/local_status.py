@@ -50,8 +50,11 @@ class DeploymentStatus(BaseModel):
     ttft_p50_s: float | None = None
     ttft_p99_s: float | None = None
     prefix_hit_rate: float | None = None
-    last_decision: str | None = Field(default=None, description="The autoscaler's last decision, e.g. 'scale_up 1->2'.")
+    last_decision: str | None = Field(
+        default=None, description="The autoscaler's last decision that changed the count, e.g. 'scale_up -> 2'."
+    )
     last_decision_reason: str | None = None
+    current_decision: str | None = Field(default=None, description="This tick's decision and its reason.")
     events: list[str] = Field(default_factory=list)
 
     def count(self, state: str) -> int:
@@ -85,7 +88,7 @@ def render_status(status: LocalStatus) -> RenderableType:
     """The live view: one row per deployment, its replicas, and its recent scaling events."""
     table = Table(expand=True, title=f"kvfleet local  ·  {status.router_url}/v1  ·  metrics: {status.metrics_source}")
     for column in ("deployment", "replicas", "queue", "req/s", "TTFT p50", "TTFT p99", "prefix hits", "last decision"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", ratio=4 if column == "last decision" else 1)
     parts: list[RenderableType] = [table]
     for d in status.deployments:
         replicas = Text(f"{d.count('ready')}/{d.desired_replicas} ready")
@@ -95,6 +98,8 @@ def render_status(status: LocalStatus) -> RenderableType:
         decision = Text(d.last_decision or "-", style="bold")
         if d.last_decision_reason:
             decision.append(f"\n{d.last_decision_reason}", style="dim")
+        if d.current_decision:
+            decision.append(f"\nnow: {d.current_decision}", style="italic")
         table.add_row(
             f"{d.name}\n[dim]model {d.served_name}, {d.min_replicas}-{d.max_replicas}[/dim]",
             replicas,
