@@ -1,20 +1,22 @@
 """Read the engines' vLLM-named metrics for local mode's view and drains.
 
-Parsing is prometheus_client's; what is here is the arithmetic: counters per replica turned
-into deltas (a replica that restarts or is new starts from zero, as Prometheus' ``increase``
-assumes), and a histogram quantile over a sliding window of bucket deltas (the same linear
-interpolation as PromQL's ``histogram_quantile``).
+The autoscaler decides from its own sources; this is only what the view shows (p50/p99 TTFT and
+the prefix hit rate over a window) and what a drain waits on. Parsing is prometheus_client's and
+the quantile is the autoscaler's ``histogram_quantile``; what is here is the arithmetic: counters
+per replica turned into deltas (a replica that restarts or is new starts from zero, as
+Prometheus' ``increase`` assumes), summed over a sliding window.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvfleet.autoscaler.scrape_source import histogram_quantile
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -65,29 +67,6 @@ async def scrape_engine(session: aiohttp.ClientSession, base_url: str, timeout_s
     async with session.get(f"{base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
         response.raise_for_status()
         return parse_engine_metrics(await response.text())
-
-
-def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
-    """PromQL's histogram_quantile over cumulative ``{upper bound: count}``; None without data."""
-    if not 0 <= q <= 1:
-        raise ValueError(f"quantile must be in [0, 1], got {q}")
-    bounds = sorted(buckets)
-    if not bounds or buckets[bounds[-1]] <= 0:
-        return None
-    total = buckets[bounds[-1]]
-    rank = q * total
-    previous_bound, previous_count = 0.0, 0.0
-    for bound in bounds:
-        count = buckets[bound]
-        if count >= rank:
-            if math.isinf(bound):
-                # Like PromQL: the answer is the highest finite bound.
-                return previous_bound
-            if count == previous_count:
-                return bound
-            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (count - previous_count)
-        previous_bound, previous_count = bound, count
-    return previous_bound
 
 
 @dataclass(frozen=True)

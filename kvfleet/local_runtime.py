@@ -21,12 +21,13 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.policy import Decision, PolicyState, decide, initial_state
+from kvfleet.autoscaler.prometheus_source import PrometheusSource, PrometheusSourceSettings
+from kvfleet.autoscaler.scrape_source import ScrapeSource, ScrapeSourceSettings
+from kvfleet.autoscaler.sources import MetricSource, Target
 from kvfleet.local_actuator import DeploymentProcesses
 from kvfleet.local_metrics import EngineSample, MetricWindow, scrape_engine, total_inflight
 from kvfleet.local_models import LocalModelError, ResolvedModel, engine_launch, resolve_model
-from kvfleet.local_observe import DirectSource, PrometheusSource, RouterView, router_answered_total
 from kvfleet.local_processes import ProcessStartError, pick_free_port
 from kvfleet.local_prometheus import LocalPrometheus, ScrapeTarget, start_prometheus
 from kvfleet.local_settings import LocalSettings
@@ -41,7 +42,7 @@ from kvfleet.local_status import (
 from kvfleet.manifests import load_deployments
 from kvfleet.resource import InferenceDeployment
 from kvfleet.router.replicas import StaticReplicaSource
-from kvfleet.router.server import METRICS_KEY, RouterServer
+from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import InProcessWakeSignal
 
@@ -108,7 +109,6 @@ class DeploymentRun:
     processes: DeploymentProcesses
     model: ResolvedModel
     policy: PolicyState
-    direct: DirectSource = field(default_factory=DirectSource)
     window: MetricWindow = field(default_factory=MetricWindow)
     decision: Decision | None = None
     # The last decision that changed the replica count, and when (what the view calls "last scaling").
@@ -138,7 +138,8 @@ class LocalRuntime:
         self.router = RouterServer(self.router_settings, self.source, InProcessWakeSignal(self._wake))
         self.runs: dict[str, DeploymentRun] = {}
         self.prometheus: LocalPrometheus | None = None
-        self.prometheus_source: PrometheusSource | None = None
+        self.metric_source: MetricSource | None = None
+        self.metric_source_name = "engines (direct scrape)"
         self.status_url = ""
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
@@ -175,8 +176,14 @@ class LocalRuntime:
                     raise LocalRunError(f"prometheus did not start: {e}") from e
             prometheus_url = self.prometheus.url if self.prometheus else self.settings.prometheus_url
             if prometheus_url is not None:
-                window = max(5.0, 4 * self.settings.prometheus_scrape_interval_s)
-                self.prometheus_source = PrometheusSource(prometheus_url, rate_window_s=window)
+                # rate() needs at least 4 scrapes in its range (PromQL's own rule of thumb).
+                window_s = max(5, round(4 * self.settings.prometheus_scrape_interval_s))
+                self.metric_source = PrometheusSource(
+                    PrometheusSourceSettings(url=prometheus_url, rate_window=f"{window_s}s")
+                )
+                self.metric_source_name = f"Prometheus {prometheus_url}"
+            else:
+                self.metric_source = ScrapeSource(ScrapeSourceSettings(router_url=self.router.url), self._session)
             registry = RouterRegistry(
                 self.source,
                 {d.name: d.served_name for d in self.deployments},
@@ -263,24 +270,16 @@ class LocalRuntime:
         if autoscaling is None or not autoscaling.enabled:
             processes.set_desired(d.spec.fixed_replicas(), "autoscaling off: spec.replicas")
             return
-        ready = processes.count("ready")
-        observation: Observation
-        if self.prometheus_source is not None:
-            observation = await self.prometheus_source.observe(now, d.served_name, ready)
-        else:
-            router = RouterView(
-                queue_depth=self.router.fleet.queue_depth(d.served_name),
-                inflight=sum(self.router.fleet.inflight(d.served_name).values()),
-                answered_total=router_answered_total(self.router.app[METRICS_KEY].registry, d.served_name),
-            )
-            ready_engines = {k: v for k, v in engines.items() if k in self._ready_ids(processes)}
-            if len(ready_engines) < ready:
-                missing = ready - len(ready_engines)
-                observation = Observation.failed(
-                    now, f"{missing} ready replica(s) did not answer /metrics", ready_replicas=ready
-                )
-            else:
-                observation = run.direct.observe(now, ready, ready_engines, router)
+        assert self.metric_source is not None
+        ready_urls = tuple(processes.ready_urls())
+        target = Target(
+            namespace=d.namespace,
+            name=d.name,
+            served_name=d.served_name,
+            ready_replicas=len(ready_urls),
+            engine_urls=ready_urls,
+        )
+        observation = await self.metric_source.observe(target, now)
         if run.wake_requested:
             observation = observation.with_wake()
             run.wake_requested = False
@@ -290,10 +289,6 @@ class LocalRuntime:
             run.last_scaling, run.last_scaling_at_s = decision, now
         run.decision = decision
         processes.set_desired(decision.desired_replicas, f"{decision.reason}: {decision.detail}")
-
-    @staticmethod
-    def _ready_ids(processes: DeploymentProcesses) -> set[str]:
-        return {r.replica_id for r in processes.replicas.values() if r.state == "ready"}
 
     async def _scrape(self, processes: DeploymentProcesses) -> dict[str, EngineSample]:
         """Metrics of the replicas that serve (ready or draining); one that does not answer is left out."""
@@ -355,13 +350,9 @@ class LocalRuntime:
                     events=list(run.processes.events)[-10:],
                 )
             )
-        if self.prometheus_source is not None:
-            source = f"Prometheus {self.prometheus_source.url}"
-        else:
-            source = "engines (direct scrape)"
         return LocalStatus(
             router_url=self.router.url,
-            metrics_source=source,
+            metrics_source=self.metric_source_name,
             prometheus_url=self.prometheus.url if self.prometheus else self.settings.prometheus_url,
             uptime_s=round(self.clock() - self._started_s, 1),
             deployments=deployments,
@@ -382,6 +373,8 @@ class LocalRuntime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self.router.stop()
+        if self.metric_source is not None:
+            await self.metric_source.close()
         if self.prometheus is not None:
             await self.prometheus.stop()
         if self._status_runner is not None:
