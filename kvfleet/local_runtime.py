@@ -204,7 +204,11 @@ class LocalRuntime:
                     engine_inflight=self._engine_inflight,
                     env=launch.process_env(),
                 )
-                self.runs[d.name] = DeploymentRun(d, processes, models[d.name], initial_state(0, now))
+                # Like the operator, start at the floor: the policy scales from there (it leaves a
+                # deployment at zero alone until traffic arrives, whatever minReplicas says).
+                start_at = self._min_replicas(d)
+                processes.set_desired(start_at, f"initial: {start_at} replica(s) (the minimum)")
+                self.runs[d.name] = DeploymentRun(d, processes, models[d.name], initial_state(start_at, now))
                 self._tasks.append(asyncio.create_task(processes.run(), name=f"processes-{d.name}"))
             await self._start_status_server()
             self._tasks.append(asyncio.create_task(self._scale_loop(), name="autoscaler"))
@@ -224,6 +228,11 @@ class LocalRuntime:
                         m.release()
                 raise LocalRunError(str(e)) from e
         return models
+
+    @staticmethod
+    def _min_replicas(d: InferenceDeployment) -> int:
+        a = d.spec.autoscaling
+        return a.min_replicas if a is not None and a.enabled else d.spec.fixed_replicas()
 
     @staticmethod
     def _max_replicas(d: InferenceDeployment) -> int:
@@ -323,8 +332,6 @@ class LocalRuntime:
         deployments = []
         for name, run in self.runs.items():
             stats = run.window.stats()
-            spec = run.deployment.spec
-            a = spec.autoscaling
             current, scaling = run.decision, run.last_scaling
             ago = f" ({self.clock() - run.last_scaling_at_s:.0f} s ago)" if run.last_scaling_at_s is not None else ""
             deployments.append(
@@ -332,7 +339,7 @@ class LocalRuntime:
                     name=name,
                     served_name=run.deployment.served_name,
                     desired_replicas=run.processes.desired,
-                    min_replicas=a.min_replicas if a else spec.fixed_replicas(),
+                    min_replicas=self._min_replicas(run.deployment),
                     max_replicas=self._max_replicas(run.deployment),
                     replicas=[
                         ReplicaStatus(replica_id=s.replica_id, state=s.state, url=s.url, pid=s.pid, age_s=s.age_s)
