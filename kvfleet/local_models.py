@@ -9,6 +9,7 @@ with a message naming the field.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -128,13 +129,33 @@ def engine_launch(deployment: InferenceDeployment, model_path: Path) -> EngineLa
                 "ConfigMap, which local mode does not have; export the variable before `kvfleet local up` instead"
             )
         env[var.name] = var.value or ""
+    managed: list[str] = []
+    if spec.engine.max_model_len is not None:
+        managed += ["--max-model-len", str(spec.engine.max_model_len)]
+    if not spec.engine.enable_prefix_caching:
+        managed.append("--no-enable-prefix-caching")
+    threads = cpu_threads(spec.resources.cpu)
+    if threads is not None:
+        # Several engines share the machine: torch's default (all cores each) oversubscribes it.
+        managed += ["--threads", str(threads)]
     return EngineLaunch(
         deployment=deployment.name,
         served_name=deployment.served_name,
         model_path=model_path,
-        extra_args=tuple(spec.engine.extra_args),
+        extra_args=(*managed, *spec.engine.extra_args),
         env=env,
     )
+
+
+def cpu_threads(cpu: str | None) -> int | None:
+    """Torch threads for a Kubernetes CPU quantity ("1", "500m", "2.5"): rounded up, at least 1."""
+    if cpu is None:
+        return None
+    try:
+        cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    except ValueError:  # an odd but valid quantity ("1k"): leave torch's default
+        return None
+    return max(1, math.ceil(cores))
 
 
 def _default_tiny_maker() -> TinyModelMaker:

@@ -214,11 +214,19 @@ class Proxy:
         outcome = "aborted"
         clean_end = False
         try:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for name, value in upstream.headers.items():
-                if name.lower() not in _HOP_BY_HOP:
-                    response.headers.add(name, value)
             is_sse = upstream.content_type == "text/event-stream"
+            if not is_sse and upstream.content.at_eof():
+                # The whole body came in the first read (the usual non-streaming answer): one write.
+                headers = _response_headers(upstream)
+                headers["X-Kvfleet-Replica"] = lease.replica_id
+                whole = web.Response(status=upstream.status, reason=upstream.reason, body=first, headers=headers)
+                self._metrics.ttft.labels(model).observe(self._clock() - started_s)
+                outcome = "ok"
+                clean_end = True
+                return whole
+            response = web.StreamResponse(
+                status=upstream.status, reason=upstream.reason, headers=_response_headers(upstream)
+            )
             if upstream.content_length is not None and not is_sse:
                 response.content_length = upstream.content_length
             response.headers["X-Kvfleet-Replica"] = lease.replica_id
@@ -259,6 +267,14 @@ class Proxy:
 
 class _AbortConnection(Exception):
     """Raised after the response started, so aiohttp drops the connection instead of ending it cleanly."""
+
+
+def _response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.headers.items():
+        if name.lower() not in _HOP_BY_HOP:
+            headers.add(name, value)
+    return headers
 
 
 def _forward_headers(request: web.Request) -> CIMultiDict[str]:

@@ -56,3 +56,12 @@ def test_engine_command_and_refusals(tmp_path: Path) -> None:
     )
     with pytest.raises(LocalModelError, match=r"spec.engine.env\[0\].valueFrom"):
         engine_launch(secret, Path("/m"))
+
+
+def test_cpu_quantity_sets_engine_threads() -> None:
+    from kvfleet.local_models import cpu_threads
+
+    assert [cpu_threads(q) for q in ("1", "500m", "2.5", None, "1k")] == [1, 1, 3, None, None]
+    d = deployment("file:///m", resources={"gpus": 0, "cpu": "2"}, engine={"kind": "reference", "maxModelLen": 512})
+    argv = engine_launch(d, Path("/m")).argv(1)
+    assert argv[argv.index("--threads") + 1] == "2" and argv[argv.index("--max-model-len") + 1] == "512"

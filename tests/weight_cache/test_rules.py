@@ -129,8 +129,8 @@ def test_backoff_doubles_and_caps() -> None:
 
 
 def test_pull_settings_validation_names_fields() -> None:
-    with pytest.raises(ValidationError, match="max_buffered_bytes"):
-        PullSettings(concurrency=8, part_size_bytes=64 << 20, max_buffered_bytes=128 << 20)
+    with pytest.raises(ValidationError, match="retry_backoff_max_s"):
+        PullSettings(retry_backoff_s=5, retry_backoff_max_s=1)
     with pytest.raises(ValidationError, match="concurrency"):
         PullSettings(concurrency=0)
     with pytest.raises(ValidationError, match="part_size_bytes"):
