@@ -428,7 +428,9 @@ async def run_until_signalled(
         console.print(f"  OpenAI API  {runtime.router.url}/v1   status  {runtime.status_url}/status")
         console.print(
             f"  try: curl {runtime.router.url}/v1/completions -H 'Content-Type: application/json' "
-            f'-d \'{{"model": "{model}", "prompt": "Hello", "max_tokens": 16}}\''
+            f'-d \'{{"model": "{model}", "prompt": "Hello", "max_tokens": 16}}\'',
+            soft_wrap=True,  # one line, so it can be copied and pasted as is
+            markup=False,
         )
         console.print("  Ctrl-C drains and stops everything; a second Ctrl-C kills at once.")
         if view:
