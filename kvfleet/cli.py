@@ -19,6 +19,7 @@ LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "artifacts": ("kvfleet.weight_cache.cli:artifacts", "Push and pull fingerprinted engine artifacts."),
     "router": ("kvfleet.router.cli:router", "Run the OpenAI-compatible, prefix-aware router."),
     "engine": ("kvfleet.engine.cli:engine", "Serve a model with the reference engine, or build a tiny test model."),
+    "local": ("kvfleet.local_cli:local", "Run deployments on this machine: engines, router, autoscaler."),
 }
 
 
