@@ -73,11 +73,17 @@ def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 # -- transformers baseline -------------------------------------------------------------------
 class HFBaseline:
-    def __init__(self, model_dir: Path, device: torch.device) -> None:
+    def __init__(self, model_dir: Path, device: torch.device, attn_implementation: str) -> None:
         import transformers
 
         self.device = device
-        self.model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+        self.model = (
+            transformers.LlamaForCausalLM.from_pretrained(
+                model_dir, dtype=torch.float32, attn_implementation=attn_implementation
+            )
+            .to(device)
+            .eval()
+        )
         self.streamer_cls = transformers.generation.streamers.BaseStreamer
 
     def generate(self, prompt: list[int], new_tokens: int) -> tuple[float, float, int]:
@@ -190,7 +196,7 @@ class KvfleetEngine:
 def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[str, Any]:
     vocab = args.vocab
     kv = KvfleetEngine(model_dir, device, args.max_num_batched_tokens)
-    hf = HFBaseline(model_dir, kv.core.model.device)
+    hf = HFBaseline(model_dir, kv.core.model.device, args.hf_attn)
     warm = prompts(1, 32, vocab, seed=99)[0]
     hf.generate(warm, 4)
     kv.run([warm], 4)
@@ -287,6 +293,7 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         f"Model: random weights, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, float32; "
         f"{args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, greedy; {args.repeats} repeat(s); "
+        f"{args.single_requests} requests at concurrency 1; transformers attention: {args.hf_attn}; "
         f"torch threads {torch.get_num_threads()}; load average before/after: {result['load_before']} / "
         f"{result['load_after']}.",
         "",
@@ -346,7 +353,7 @@ def plot(result: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
             values = [s[f"{system}@{c}"]["tokens_per_s"] for c in concs]
             row[0].bar([x + (i - 0.5) * width for x in range(len(concs))], values, width, label=system)
         row[0].set_xticks(range(len(concs)), [f"{c} concurrent" for c in concs])
-        row[0].set_ylabel("output tokens/s (median)")
+        row[0].set_ylabel("output tokens/s (all tokens / all wall time)")
         row[0].set_title(f"Throughput ({dev['device']})")
         row[0].legend()
         p = s["prefix"]
@@ -375,9 +382,27 @@ def main() -> int:
     parser.add_argument(
         "--device", choices=["cpu", "cuda", "all"], default="all", help="all: CPU, plus CUDA when a GPU is present"
     )
+    parser.add_argument(
+        "--hf-attn",
+        choices=["sdpa", "eager"],
+        default="sdpa",
+        help="transformers' attention implementation (sdpa is its default)",
+    )
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--work-dir", type=Path, default=REPO / "bench" / ".work")
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="rewrite engine.md and engine.png from an existing engine.json (no measuring)",
+    )
     args = parser.parse_args()
+    if args.render_only:
+        result = json.loads((args.out_dir / "engine.json").read_text())
+        recorded = argparse.Namespace(**{**vars(args), **result["args"]})
+        recorded.hf_attn = result["args"].get("hf_attn", "sdpa")
+        (args.out_dir / "engine.md").write_text(markdown(result, recorded) + "\n")
+        plot(result, recorded, args.out_dir / "engine.png")
+        return 0
 
     model_dir = args.work_dir / f"llama-{args.layers}x{args.hidden}-v{args.vocab}"
     if not (model_dir / "model.safetensors").exists():

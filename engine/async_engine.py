@@ -112,8 +112,11 @@ class AsyncEngine:
         def sink(output: RequestOutput) -> None:
             loop.call_soon_threadsafe(stream._put, output)
 
+        try:
+            self._commands.put_nowait(_Add(request, sink))
+        except queue.Full as e:  # the engine thread is behind on commands: same answer as a full queue
+            raise OverloadedError("the engine is behind on its command queue", retry_after_s=self.retry_after_s) from e
         self._in_flight.add(request_id)
-        self._commands.put_nowait(_Add(request, sink))
         return stream
 
     def _done(self, request_id: str) -> None:

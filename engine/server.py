@@ -185,15 +185,16 @@ class Handlers:
         return prompt
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        engine = self.state.ready_engine()
-        body = parse_request(CompletionRequest, await _read_json(request))
-        self._check_model(body.model)
-        prompt_ids = self._prompt_ids(engine.core, body.prompt_input())
-        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
-        engine.core.check_lengths(len(prompt_ids), max_tokens)
-        stream = engine.submit(engine.new_request_id("cmpl"), prompt_ids, body.sampling_params(max_tokens))
+        # Counted from the first byte: a drain never cuts off a request it already let in.
         self.state.enter()
         try:
+            engine = self.state.ready_engine()
+            body = parse_request(CompletionRequest, await _read_json(request))
+            self._check_model(body.model)
+            prompt_ids = self._prompt_ids(engine.core, body.prompt_input())
+            max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+            engine.core.check_lengths(len(prompt_ids), max_tokens)
+            stream = engine.submit(engine.new_request_id("cmpl"), prompt_ids, body.sampling_params(max_tokens))
             if body.stream:
                 return await self._stream(request, stream, chat=False, include_usage=body.include_usage)
             return await self._collect(request, stream, chat=False)
@@ -201,17 +202,18 @@ class Handlers:
             self.state.leave()
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        engine = self.state.ready_engine()
-        body = parse_request(ChatCompletionRequest, await _read_json(request))
-        self._check_model(body.model)
-        core = engine.core
-        text = core.tokenizer.render_chat(body.rendered_messages(), add_generation_prompt=body.add_generation_prompt)
-        prompt_ids = core.tokenizer.encode(text, add_special_tokens=False)
-        max_tokens = body.requested_max_tokens() or core.default_max_tokens(len(prompt_ids))
-        core.check_lengths(len(prompt_ids), max_tokens)
-        stream = engine.submit(engine.new_request_id("chatcmpl"), prompt_ids, body.sampling_params(max_tokens))
         self.state.enter()
         try:
+            engine = self.state.ready_engine()
+            body = parse_request(ChatCompletionRequest, await _read_json(request))
+            self._check_model(body.model)
+            core = engine.core
+            messages = body.rendered_messages()
+            text = core.tokenizer.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
+            prompt_ids = core.tokenizer.encode(text, add_special_tokens=False)
+            max_tokens = body.requested_max_tokens() or core.default_max_tokens(len(prompt_ids))
+            core.check_lengths(len(prompt_ids), max_tokens)
+            stream = engine.submit(engine.new_request_id("chatcmpl"), prompt_ids, body.sampling_params(max_tokens))
             if body.stream:
                 return await self._stream(request, stream, chat=True, include_usage=body.include_usage)
             return await self._collect(request, stream, chat=True)

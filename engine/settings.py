@@ -49,6 +49,12 @@ class EngineSettings:
         _require(self.kv_cache_memory_bytes >= 1 << 20, "kv_cache_memory_bytes", "must be >= 1 MiB")
         _require(1 <= self.max_num_seqs <= 4096, "max_num_seqs", "must be in [1, 4096]")
         _require(1 <= self.max_num_batched_tokens <= 1 << 20, "max_num_batched_tokens", "must be in [1, 1048576]")
+        # Every running decode needs one token of the step budget, or the newest ones would stall.
+        _require(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "max_num_batched_tokens",
+            f"must be >= max_num_seqs ({self.max_num_seqs}) so every running sequence can decode each step",
+        )
         _require(0 <= self.max_waiting_requests <= 1 << 20, "max_waiting_requests", "must be in [0, 1048576]")
         _require(self.max_model_len_tokens >= 0, "max_model_len_tokens", "must be >= 0")
         _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")

@@ -117,7 +117,12 @@ def engine_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def make_core(model_dir: Path, **settings: object) -> EngineCore:
-    defaults: dict[str, object] = {"device": "cpu", "num_kv_blocks": 256, "max_num_batched_tokens": 64}
+    defaults: dict[str, object] = {
+        "device": "cpu",
+        "num_kv_blocks": 256,
+        "max_num_batched_tokens": 64,
+        "max_num_seqs": 16,
+    }
     return load_engine_core(model_dir, EngineSettings(**{**defaults, **settings}), SERVED)  # type: ignore[arg-type]
 
 

@@ -7,6 +7,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from kvfleet.engine.sampling import SamplingParams
 
 from .conftest import make_core, run_to_completion
@@ -20,6 +22,7 @@ def _prompts(count: int, seed: int = 1) -> dict[str, list[int]]:
     return {f"r{i}": [rng.randrange(3, 1024) for _ in range(3 + 9 * i)] for i in range(count)}
 
 
+@pytest.mark.slow
 def test_eight_concurrent_batched_paged_match_unpaged_oracle(
     tiny_model_dir: Path, oracle: Callable[[list[int], int], list[int]]
 ) -> None:
@@ -32,6 +35,7 @@ def test_eight_concurrent_batched_paged_match_unpaged_oracle(
     assert core.pool.usage() == 0.0, "finished sequences hold no blocks"
 
 
+@pytest.mark.slow
 def test_prefix_hit_computes_only_new_tokens(
     tiny_model_dir: Path, oracle: Callable[[list[int], int], list[int]]
 ) -> None:
@@ -63,6 +67,7 @@ def test_whole_prompt_cached_still_computes_last_token(tiny_model_dir: Path) -> 
     assert a == b
 
 
+@pytest.mark.slow
 def test_tiny_pool_forces_preemption_and_outputs_still_match(
     tiny_model_dir: Path, oracle: Callable[[list[int], int], list[int]]
 ) -> None:

@@ -90,6 +90,7 @@ async def test_sigterm_drains_in_flight_then_exits_zero(slower_model_dir: Path, 
         assert engine.proc.wait(timeout=30) == 0, engine.log()
 
 
+@pytest.mark.slow
 def test_pickled_checkpoint_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
     model = tmp_path / "pickled"
     model.mkdir()
