@@ -16,7 +16,9 @@ Rules, in the order they apply (every decision names the rule in ``reason`` and 
    once per window + cold start, since p90 lags); while requests queue,
    ceil(arrival rate x S / target); and a Holt forecast of the arrival rate ``coldStartSeconds``
    ahead (the measured cold start when known), whose expected growth, times S (Little's law:
-   in-service load / arrival rate while nothing queues, smoothed), is added to the stable load.
+   in-service load / arrival rate while nothing queues, smoothed), is added to the stable load;
+   and, once the in-service load shows a period (autocorrelation, ``forecast.find_period``), the
+   mean load one period ago over the stable window starting a cold start ahead (seasonal).
    The proposal is the max.
 3. **Panic.** When the panic-window proposal reaches ``panic_threshold_ratio`` x the current count,
    panic for one stable window: use the panic proposal and never scale down.
@@ -35,7 +37,16 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
-from kvfleet.autoscaler.forecast import HoltSettings, HoltState, holt_forecast, holt_update
+from kvfleet.autoscaler.forecast import (
+    HoltSettings,
+    HoltState,
+    SeasonalSettings,
+    SeasonalState,
+    holt_forecast,
+    holt_update,
+    seasonal_forecast,
+    seasonal_update,
+)
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.spec import AutoscalingSpec
 
@@ -90,6 +101,7 @@ class PolicySettings:
     forecast: HoltSettings = field(default_factory=HoltSettings)
     latency_alpha: float = 0.2
     """Smoothing of the Little's-law latency estimate used to turn a forecast rate into concurrency."""
+    seasonal: SeasonalSettings = field(default_factory=SeasonalSettings)
     max_forecast_growth_ratio: float = 4.0
     """A forecast adds at most (ratio - 1) x the stable load (or one replica's target) to it."""
     max_history_samples: int = 4096
@@ -134,6 +146,7 @@ class PolicyState:
     """Start of the current stale episode (None while metrics are fresh)."""
     last_scale_up_at_s: float | None = None
     """When the count last went up (for any reason)."""
+    seasonal: SeasonalState | None = None
 
 
 def initial_state(current_replicas: int, now_s: float) -> PolicyState:
@@ -255,7 +268,12 @@ def decide(
     # restarts the idle clock, whenever the last stale tick was.
     last_traffic = now if traffic or state.stale_since_s is not None else state.last_traffic_at_s
 
+    # The seasonal history is of the in-service load: in the target's units, and without the lag of
+    # the windowed arrival rate (whose onset shows up to a window late), so a repeat is asked for a
+    # cold start ahead of when it came last time. Queued requests are left out: a backlog says how
+    # late capacity came, not how much the repeat needs.
     forecast = holt_update(state.forecast, rate, now, settings.forecast)
+    seasonal = seasonal_update(state.seasonal, in_service, now, settings.seasonal)
 
     target = spec.target_concurrency_per_replica
     stable_n = math.ceil(stable_load / target)
@@ -305,8 +323,21 @@ def decide(
             f"arrivals {forecast.level_rps:.2f}/s -> {rate_ahead:.2f}/s in {horizon_s:g}s, "
             f"latency {latency_s:.2f}s, load {stable_load:.1f} + {growth:.1f}",
         )
+    # The mean over one stable window starting a cold start ahead, as the concurrency rule would see
+    # it then: a repeat faster than the window is averaged the same way, not sized for its peaks.
+    load_season = seasonal_forecast(seasonal, now, horizon_s, spec.window_seconds, settings.seasonal)
+    if load_season is not None and load_season > 0:
+        # Load that repeats: what was in service one period ago, one cold start ahead, is asked for now.
+        period_s = seasonal.period_s(settings.seasonal)
+        proposals["seasonal"] = (
+            math.ceil(load_season / target),
+            f"period {period_s:g}s (autocorrelation {seasonal.correlation:.2f}): load {load_season:.1f} "
+            f"one period before {horizon_s:g}-{horizon_s + spec.window_seconds:g}s ahead",
+        )
     signal, (proposal, why) = max(proposals.items(), key=lambda item: item[1][0])
-    target_note = f"/ {target:g} per replica" if signal in ("concurrency", "panic", "forecast", "arrivals") else ""
+    target_note = (
+        f"/ {target:g} per replica" if signal in ("concurrency", "panic", "forecast", "arrivals", "seasonal") else ""
+    )
     why = f"{signal}: {why} {target_note}".rstrip()
 
     next_state = replace(
@@ -315,6 +346,7 @@ def decide(
         last_traffic_at_s=last_traffic,
         forecast=forecast,
         latency_s=latency_s,
+        seasonal=seasonal,
         panic_until_s=panic_until,
         stale_since_s=None,
     )
@@ -349,7 +381,13 @@ def decide(
     if clamped > current:
         if proposal < floor:
             return done(clamped, "clamped", f"{current} is below the floor {floor}", clamped)
-        reason = "panic_scale_up" if signal == "panic" else "forecast_scale_up" if signal == "forecast" else "scale_up"
+        reason = (
+            "panic_scale_up"
+            if signal == "panic"
+            else "forecast_scale_up"
+            if signal in ("forecast", "seasonal")
+            else "scale_up"
+        )
         capped = f" (capped at maxReplicas {spec.max_replicas})" if proposal > spec.max_replicas else ""
         return done(clamped, reason, f"{why} -> {proposal}{capped}", clamped)
     if clamped == current:

@@ -574,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--traces", default=",".join(TRACES))
     ap.add_argument("--policies", default="hpa_gpu,keda_queue,knative_kpa,kvfleet,kvfleet_steady,oracle")
+    ap.add_argument("--holdout-seeds", default="13,17", help="seeds not used for tuning ('' for none)")
+    ap.add_argument("--holdout-policies", default="knative_kpa,kvfleet,oracle")
     ap.add_argument("--out", type=Path, default=OUT_DIR)
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
@@ -599,41 +601,49 @@ def main(argv: list[str] | None = None) -> int:
     # four minutes before a scale-down, ten idle minutes before zero.
     steady_spec = spec.model_copy(update={"scale_down_delay_seconds": 240.0, "scale_to_zero_after_seconds": 600.0})
     total_s = args.minutes * 60.0
-    results: list[Result] = []
-    for trace in args.traces.split(","):
-        rate = trace_rate(trace, args.minutes, mu)
-        rng = np.random.default_rng([args.seed, zlib.crc32(trace.encode())])  # stable across runs
-        arr_t = arrivals(rate, total_s, rng)
-        prompts, outputs = workload(len(arr_t), w, rng)
-        start = max(1, math.ceil(float(rate(np.array([0.0]))[0]) / mu))
-        for name in args.policies.split(","):
-            policy: Policy = {
-                "hpa_gpu": lambda: Hpa(cfg.max_replicas),
-                "keda_queue": lambda: Keda(cfg.max_replicas),
-                "knative_kpa": lambda: Kpa(cfg.max_replicas),
-                "kvfleet": lambda: Kvfleet(spec),
-                "kvfleet_steady": lambda: Kvfleet(steady_spec, name="kvfleet_steady"),
-                "oracle": lambda rate=rate: Oracle(rate, mu, cfg.cold_start_s),
-            }[name]()
-            t0 = time.perf_counter()
-            r = simulate(policy, arr_t, prompts, outputs, total_s, model, cfg, start, trace)
-            results.append(r)
-            print(
-                f"{trace:10s} {name:12s} attain@1s {r.attain_1s:7.2%} @2s {r.attain_2s:7.2%} "
-                f"p99 {r.p99_ttft_s:6.2f}s GPU-h {r.gpu_hours:6.2f} cold {r.cold_starts:4d} "
-                f"dropped {r.dropped:5d} ({time.perf_counter() - t0:.1f}s)",
-                flush=True,
-            )
+
+    def run_seed(seed: int, policies: list[str]) -> list[Result]:
+        out: list[Result] = []
+        for trace in args.traces.split(","):
+            rate = trace_rate(trace, args.minutes, mu)
+            rng = np.random.default_rng([seed, zlib.crc32(trace.encode())])  # stable across runs
+            arr_t = arrivals(rate, total_s, rng)
+            prompts, outputs = workload(len(arr_t), w, rng)
+            start = max(1, math.ceil(float(rate(np.array([0.0]))[0]) / mu))
+            for name in policies:
+                policy: Policy = {
+                    "hpa_gpu": lambda: Hpa(cfg.max_replicas),
+                    "keda_queue": lambda: Keda(cfg.max_replicas),
+                    "knative_kpa": lambda: Kpa(cfg.max_replicas),
+                    "kvfleet": lambda: Kvfleet(spec),
+                    "kvfleet_steady": lambda: Kvfleet(steady_spec, name="kvfleet_steady"),
+                    "oracle": lambda rate=rate: Oracle(rate, mu, cfg.cold_start_s),
+                }[name]()
+                t0 = time.perf_counter()
+                r = simulate(policy, arr_t, prompts, outputs, total_s, model, cfg, start, trace)
+                out.append(r)
+                print(
+                    f"seed {seed:3d} {trace:10s} {name:14s} attain@1s {r.attain_1s:7.2%} @2s {r.attain_2s:7.2%} "
+                    f"p99 {r.p99_ttft_s:6.2f}s GPU-h {r.gpu_hours:6.2f} cold {r.cold_starts:4d} "
+                    f"dropped {r.dropped:5d} ({time.perf_counter() - t0:.1f}s)",
+                    flush=True,
+                )
+        return out
+
+    results = run_seed(args.seed, args.policies.split(","))
+    # Seeds not looked at while the policy was tuned: the same traces with other arrivals and
+    # request sizes, kvfleet against the oracle and the closest baseline.
+    holdout: dict[int, list[Result]] = {}
+    for seed in (int(x) for x in args.holdout_seeds.split(",") if x):
+        holdout[seed] = run_seed(seed, [p for p in args.holdout_policies.split(",") if p])
     elapsed = time.perf_counter() - started
-    write_outputs(results, args, mu, conc, target, spec, steady_spec, model, w, cfg, elapsed)
+    write_outputs(results, holdout, args, mu, conc, target, spec, steady_spec, model, w, cfg, elapsed)
     return 0
 
 
-def write_outputs(results, args, mu, conc, target, spec, steady_spec, model, w, cfg, elapsed) -> None:  # type: ignore[no-untyped-def]
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+def _rows(results: list[Result]) -> list[dict[str, object]]:
     oracle = {r.trace: r for r in results if r.policy == "oracle"}
-    rows = []
+    rows: list[dict[str, object]] = []
     for r in results:
         o = oracle.get(r.trace)
         rows.append(
@@ -642,6 +652,31 @@ def write_outputs(results, args, mu, conc, target, spec, steady_spec, model, w, 
                 "gpu_hours_vs_oracle": (r.gpu_hours / o.gpu_hours) if o and o.gpu_hours else None,
             }
         )
+    return rows
+
+
+def _table(rows: list[dict[str, object]], seed_column: bool = False) -> list[str]:
+    head = "| seed " if seed_column else ""
+    lines = [
+        head + "| trace | policy | TTFT<=1s | TTFT<=2s | p99 TTFT (s) | GPU-hours | x oracle | cold starts | dropped |",
+        ("|---" if seed_column else "") + "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        ratio = row["gpu_hours_vs_oracle"]
+        lines.append(
+            (f"| {row['seed']} " if seed_column else "")
+            + f"| {row['trace']} | {row['policy']} | {row['attain_1s']:.2%} | {row['attain_2s']:.2%} | "
+            f"{row['p99_ttft_s']:.2f} | {row['gpu_hours']:.2f} | {'' if ratio is None else f'{ratio:.2f}'} | "
+            f"{row['cold_starts']} | {row['dropped']} |"
+        )
+    return lines
+
+
+def write_outputs(results, holdout, args, mu, conc, target, spec, steady_spec, model, w, cfg, elapsed) -> None:  # type: ignore[no-untyped-def]
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    rows = _rows(results)
+    holdout_rows = [{"seed": seed, **row} for seed, rs in holdout.items() for row in _rows(rs)]
     payload = {
         "command": "python bench/autoscale_sim.py " + " ".join(sys.argv[1:]),
         "minutes_per_trace": args.minutes,
@@ -655,19 +690,12 @@ def write_outputs(results, args, mu, conc, target, spec, steady_spec, model, w, 
         "workload": asdict(w),
         "sim": asdict(cfg),
         "results": rows,
+        "holdout_results": holdout_rows,
     }
     (out / "autoscaler.json").write_text(json.dumps(payload, indent=2))
-    lines = [
-        "| trace | policy | TTFT<=1s | TTFT<=2s | p99 TTFT (s) | GPU-hours | x oracle | cold starts | dropped |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        ratio = row["gpu_hours_vs_oracle"]
-        lines.append(
-            f"| {row['trace']} | {row['policy']} | {row['attain_1s']:.2%} | {row['attain_2s']:.2%} | "
-            f"{row['p99_ttft_s']:.2f} | {row['gpu_hours']:.2f} | {'' if ratio is None else f'{ratio:.2f}'} | "
-            f"{row['cold_starts']} | {row['dropped']} |"
-        )
+    lines = _table(rows)
+    if holdout_rows:
+        lines += ["", f"Held-out seeds {args.holdout_seeds} (not used while tuning):", "", *_table(holdout_rows, True)]
     (out / "autoscaler_table.md").write_text("\n".join(lines) + "\n")
     if args.no_plots:
         return

@@ -338,3 +338,20 @@ def test_policy_settings_are_validated() -> None:
         PolicySettings(panic_threshold_ratio=0.5)
     with pytest.raises(ValueError, match="level_alpha"):
         HoltSettings(level_alpha=0.0)
+
+
+def test_seasonal_forecast_pre_scales_a_repeating_burst() -> None:
+    # Load 64 for 2 min every 5 min, 8 in between (target 16: 4 replicas in a burst, 1 between).
+    # The bursts at 0 and 300 s are met by the concurrency and panic rules (at 300: panic, 2 -> 4
+    # within 4 s). By 540 s the history holds the repeat: period 300 s. At 540 the stable window a
+    # cold start ahead, [570, 630), was [270, 330) one period ago: 10 s bins 27..32, three at 8 and
+    # three at 64, mean 36 -> 3 replicas. At 560: bins 29..34, (8 + 5 x 64) / 6 = 54.7 -> 4.
+    # So the third burst, at 600, finds 4 replicas already asked for: no panic.
+    loads = [64.0 if t % 300 < 120 else 8.0 for t in range(700)]
+    decisions = run_trace(loads, spec(scale_down_delay_seconds=30))
+    assert decisions[300].reason == "panic_scale_up"
+    assert (decisions[540].desired_replicas, decisions[540].reason) == (3, "forecast_scale_up")
+    assert "seasonal: period 300s" in decisions[540].detail and "load 36.0" in decisions[540].detail
+    assert (decisions[560].desired_replicas, decisions[560].reason) == (4, "forecast_scale_up")
+    assert decisions[599].desired_replicas == 4
+    assert all(d.reason != "panic_scale_up" for d in decisions[560:700])
