@@ -370,6 +370,11 @@ def decide(
         idle = f"no traffic for {now - last_traffic:.0f}s (scale to zero after {zero_after_s:g}s)"
         return done(0, "scale_to_zero" if current > 0 else "steady", idle, recorded=0)
     if current == 0:
+        if not traffic and spec.min_replicas > 0:
+            # A deployment created (or left) at zero with minReplicas > 0 is brought up to its
+            # floor without waiting for traffic: minReplicas is a promise of warm capacity.
+            floor_note = f"0 is below minReplicas {spec.min_replicas}"
+            return done(spec.min_replicas, "clamped", floor_note, recorded=spec.min_replicas)
         if not traffic:
             return done(0, "steady", "at zero, no traffic", recorded=0)
         woken = _clamp(max(proposal, floor), floor, spec.max_replicas)

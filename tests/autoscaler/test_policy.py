@@ -355,3 +355,13 @@ def test_seasonal_forecast_pre_scales_a_repeating_burst() -> None:
     assert (decisions[560].desired_replicas, decisions[560].reason) == (4, "forecast_scale_up")
     assert decisions[599].desired_replicas == 4
     assert all(d.reason != "panic_scale_up" for d in decisions[560:700])
+
+
+def test_at_zero_with_min_replicas_comes_up_to_the_floor_without_traffic() -> None:
+    # A deployment that starts at zero (new, or autoscaling just turned on) with minReplicas 2 is
+    # raised to 2 at once; minReplicas 0 stays at zero until traffic or a wake arrives.
+    d = decide(obs(1000, load=0, ready=0), settled(0), spec(min_replicas=2), now=1000)
+    assert (d.desired_replicas, d.reason) == (2, "clamped")
+    assert "minReplicas 2" in d.detail
+    d = decide(obs(1000, load=0, ready=0), settled(0), spec(min_replicas=0), now=1000)
+    assert (d.desired_replicas, d.reason) == (0, "steady")
