@@ -35,20 +35,25 @@ class RenderError(ValueError):
         self.field = field
 
 
+# The reference engine's own default block size, used to size --kv-blocks for maxModelLen.
+REFERENCE_DEFAULT_BLOCK_SIZE = 16
+
+
 @dataclass(frozen=True)
 class ReferenceEngineSizing:
-    """Sizes of the reference engine that the spec does not carry (extraArgs may override them)."""
+    """Sizes of the reference engine the spec does not carry; None leaves the engine's default
+    (it sizes its KV pool from memory). ``engine.extraArgs`` may override any of them."""
 
-    block_size_tokens: int = 16
-    kv_blocks: int = 1024
-    max_num_seqs: int = 16
+    block_size_tokens: int | None = None
+    kv_blocks: int | None = None
+    max_num_seqs: int | None = None
 
     def __post_init__(self) -> None:
-        if not 1 <= self.block_size_tokens <= 1024:
-            raise ValueError("block_size_tokens must be in [1, 1024]")
-        if not 1 <= self.kv_blocks <= 1_000_000:
+        if self.block_size_tokens is not None and not 1 <= self.block_size_tokens <= 256:
+            raise ValueError("block_size_tokens must be in [1, 256]")
+        if self.kv_blocks is not None and not 1 <= self.kv_blocks <= 1_000_000:
             raise ValueError("kv_blocks must be in [1, 1000000]")
-        if not 1 <= self.max_num_seqs <= 4096:
+        if self.max_num_seqs is not None and not 1 <= self.max_num_seqs <= 4096:
             raise ValueError("max_num_seqs must be in [1, 4096]")
 
 
@@ -194,20 +199,22 @@ def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> Eng
         "--dtype",
         engine.dtype,
     ]
-    if not _flag_given(engine.extra_args, "--block-size"):
-        argv += ["--block-size", str(sizing.block_size_tokens)]
-    if not _flag_given(engine.extra_args, "--max-num-seqs"):
+    block_size = sizing.block_size_tokens
+    if block_size is not None and not _flag_given(engine.extra_args, "--block-size"):
+        argv += ["--block-size", str(block_size)]
+    if sizing.max_num_seqs is not None and not _flag_given(engine.extra_args, "--max-num-seqs"):
         argv += ["--max-num-seqs", str(sizing.max_num_seqs)]
-    if not _flag_given(engine.extra_args, "--kv-blocks"):
+    if sizing.kv_blocks is not None and not _flag_given(engine.extra_args, "--kv-blocks"):
         kv_blocks = sizing.kv_blocks
         if engine.max_model_len is not None:
             # One sequence of the full context must fit, or the engine could never serve it.
-            kv_blocks = max(kv_blocks, math.ceil(engine.max_model_len / sizing.block_size_tokens))
+            per_block = block_size or REFERENCE_DEFAULT_BLOCK_SIZE
+            kv_blocks = max(kv_blocks, math.ceil(engine.max_model_len / per_block))
         argv += ["--kv-blocks", str(kv_blocks)]
     if engine.max_model_len is not None:
         argv += ["--max-model-len", str(engine.max_model_len)]
     if not engine.enable_prefix_caching:
-        argv.append("--no-prefix-caching")
+        argv.append("--no-enable-prefix-caching")
     if inputs.artifacts_dir is not None:
         argv += ["--artifacts-dir", str(inputs.artifacts_dir / REFERENCE_ARTIFACTS_SUBDIR)]
     notes = []

@@ -59,13 +59,11 @@ VALUE_CASES = [
     ("reference", {}, "--device", "cpu"),
     ("reference", {"gpus": 1}, "--device", "cuda"),
     ("reference", {"dtype": "float32"}, "--dtype", "float32"),
-    ("reference", {}, "--block-size", "16"),
-    ("reference", {}, "--kv-blocks", "1024"),
-    # 32768 tokens / 16 per block = 2048 blocks: one full-length sequence must fit.
-    ("reference", {"maxModelLen": 32768}, "--kv-blocks", "2048"),
-    ("reference", {"maxModelLen": 2048}, "--kv-blocks", "1024"),
+    # Sizes the spec does not carry are left to the engine unless the launcher's settings give them.
+    ("reference", {}, "--block-size", None),
+    ("reference", {}, "--kv-blocks", None),
+    ("reference", {}, "--max-num-seqs", None),
     ("reference", {"maxModelLen": 2048}, "--max-model-len", "2048"),
-    ("reference", {}, "--max-num-seqs", "16"),
     ("reference", {}, "--served-model-name", "llama"),
 ]
 
@@ -81,7 +79,7 @@ PREFIX_CASES = [
     ("vllm", True, "--enable-prefix-caching", "--no-enable-prefix-caching"),
     ("vllm", False, "--no-enable-prefix-caching", "--enable-prefix-caching"),
     ("sglang", False, "--disable-radix-cache", None),
-    ("reference", False, "--no-prefix-caching", None),
+    ("reference", False, "--no-enable-prefix-caching", None),
 ]
 
 
@@ -97,7 +95,7 @@ def test_prefix_caching(kind: str, enabled: bool, present: str, absent: str | No
 def test_prefix_caching_on_is_the_engine_default(kind: str) -> None:
     argv = render_engine_command(make_spec(kind), inputs()).argv
     assert "--disable-radix-cache" not in argv
-    assert "--no-prefix-caching" not in argv
+    assert "--no-enable-prefix-caching" not in argv
 
 
 @pytest.mark.parametrize(
@@ -121,22 +119,29 @@ def test_extra_args_come_last(kind: str) -> None:
 
 
 def test_reference_sizing_flags_left_to_extra_args() -> None:
-    argv = render_engine_command(
-        make_spec("reference", extraArgs=["--kv-blocks=64", "--block-size", "8"]), inputs()
-    ).argv
+    sizing = ReferenceEngineSizing(block_size_tokens=16, kv_blocks=1024, max_num_seqs=16)
+    spec = make_spec("reference", extraArgs=["--kv-blocks=64", "--block-size", "8"])
+    argv = render_engine_command(spec, inputs(reference=sizing)).argv
     assert argv.count("--block-size") == 1 and "--kv-blocks" not in argv
     assert argv[-2:] == ("--block-size", "8")
     assert flag_value(argv, "--max-num-seqs") == "16"
 
 
-def test_reference_sizing_from_settings() -> None:
-    sizing = ReferenceEngineSizing(block_size_tokens=4, kv_blocks=10, max_num_seqs=2)
-    argv = render_engine_command(make_spec("reference", maxModelLen=100), inputs(reference=sizing)).argv
-    assert (flag_value(argv, "--block-size"), flag_value(argv, "--kv-blocks"), flag_value(argv, "--max-num-seqs")) == (
-        "4",
-        "25",
-        "2",
-    )
+@pytest.mark.parametrize(
+    ("sizing", "max_model_len", "kv_blocks"),
+    [
+        # 32768 tokens / 16 per block (the engine's default block) = 2048 blocks: one full sequence fits.
+        (ReferenceEngineSizing(kv_blocks=1024), 32768, "2048"),
+        (ReferenceEngineSizing(kv_blocks=1024), 2048, "1024"),
+        (ReferenceEngineSizing(kv_blocks=10, block_size_tokens=4), 100, "25"),
+        (ReferenceEngineSizing(), 32768, None),
+    ],
+)
+def test_reference_kv_blocks_fit_one_full_context(
+    sizing: ReferenceEngineSizing, max_model_len: int, kv_blocks: str | None
+) -> None:
+    argv = render_engine_command(make_spec("reference", maxModelLen=max_model_len), inputs(reference=sizing)).argv
+    assert flag_value(argv, "--kv-blocks") == kv_blocks
 
 
 # (engine kind, environment variable, expected value, with an artifacts dir?)
