@@ -1,0 +1,94 @@
+"""The PromQL the Prometheus source runs for each deployment, in one place.
+
+Engines are selected by ``model_name`` (vLLM's label, which the reference engine copies) and the
+router by ``model`` (its served-name label); both are the deployment's served name. GPU
+utilization comes from NVIDIA's DCGM exporter, whose pods carry the Kubernetes ``namespace`` and
+``pod`` labels of the GPU's consumer; engine pods are named ``<name>-engine-...``.
+
+Per signal (``{m}`` served name, ``{ns}`` namespace, ``{pod}`` pod-name regex, ``{rate}`` window):
+
+- engine_concurrency: ``sum({__name__=~"vllm:num_requests_(running|waiting)",model_name="{m}"})``
+- router_in_flight: ``sum(kvfleet_router_inflight{model="{m}"})``
+- queue_depth: ``sum(kvfleet_router_queue_depth{model="{m}"})``
+- arrival_rate_rps: ``sum(rate(kvfleet_router_requests_total{model="{m}"}[{rate}]))``
+- kv_cache_utilization: ``avg(vllm:kv_cache_usage_perc{model_name="{m}"})``
+- gpu_utilization: ``avg(DCGM_FI_DEV_GPU_UTIL{namespace="{ns}",pod=~"{pod}"}) / 100``
+- ttft_p90_s: ``histogram_quantile(0.9, sum by (le)
+  (rate(vllm:time_to_first_token_seconds_bucket{model_name="{m}"}[{rate}])))``
+- engine_sample_at_s: ``max(timestamp(vllm:num_requests_running{model_name="{m}"}))``
+- router_sample_at_s: ``max(timestamp(kvfleet_router_queue_depth{model="{m}"})
+  or timestamp(kvfleet_router_inflight{model="{m}"}))``
+
+The two ``timestamp`` queries give the time of the newest sample (an instant query answers at the
+evaluation time, up to 5 minutes after the last sample, so its own time says nothing about age).
+``kvfleet_router_requests_total`` counts answered requests; at the rate window's scale that is
+the arrival rate, minus the requests still in flight.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvfleet.spec import NAME_PATTERN
+
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9._/:-]{1,253}$")
+_DURATION = re.compile(r"^[0-9]+(ms|s|m|h)$")
+
+
+def label_value(value: str) -> str:
+    """A served name or namespace as a PromQL string literal's content.
+
+    Names come from the API (validated there too); refusing anything outside the served-name
+    alphabet here keeps a crafted name from changing a query's meaning.
+    """
+    if not _LABEL_VALUE.match(value):
+        raise ValueError(f"{value!r} is not a valid label value for a PromQL selector")
+    return value
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """Metric names, overridable when an engine or exporter names them differently."""
+
+    engine_running_waiting_regex: str = "vllm:num_requests_(running|waiting)"
+    engine_running: str = "vllm:num_requests_running"
+    kv_cache_usage: str = "vllm:kv_cache_usage_perc"
+    ttft_bucket: str = "vllm:time_to_first_token_seconds_bucket"
+    router_inflight: str = "kvfleet_router_inflight"
+    router_queue_depth: str = "kvfleet_router_queue_depth"
+    router_requests_total: str = "kvfleet_router_requests_total"
+    gpu_utilization_percent: str = "DCGM_FI_DEV_GPU_UTIL"
+
+
+def deployment_queries(
+    served_name: str, namespace: str, name: str, rate_window: str = "1m", names: MetricNames | None = None
+) -> dict[str, str]:
+    """Signal name -> PromQL for one deployment (see the module docstring for the table)."""
+    if not _DURATION.match(rate_window):
+        raise ValueError(f"rate window {rate_window!r} is not a PromQL duration like 1m or 30s")
+    n = names or MetricNames()
+    m = label_value(served_name)
+    ns = label_value(namespace)
+    if not re.match(NAME_PATTERN, name):
+        # A DNS-1035 label has no regex metacharacters, so it goes into the pod regex as is.
+        raise ValueError(f"{name!r} is not a valid InferenceDeployment name")
+    pod = f"{name}-engine-.*"
+    engines = f'{{__name__=~"{n.engine_running_waiting_regex}",model_name="{m}"}}'
+    router_q = f'{n.router_queue_depth}{{model="{m}"}}'
+    router_i = f'{n.router_inflight}{{model="{m}"}}'
+    return {
+        "engine_concurrency": f"sum({engines})",
+        "router_in_flight": f"sum({router_i})",
+        "queue_depth": f"sum({router_q})",
+        "arrival_rate_rps": f'sum(rate({n.router_requests_total}{{model="{m}"}}[{rate_window}]))',
+        "kv_cache_utilization": f'avg({n.kv_cache_usage}{{model_name="{m}"}})',
+        "gpu_utilization": f'avg({n.gpu_utilization_percent}{{namespace="{ns}",pod=~"{pod}"}}) / 100',
+        "ttft_p90_s": (
+            f'histogram_quantile(0.9, sum by (le) (rate({n.ttft_bucket}{{model_name="{m}"}}[{rate_window}])))'
+        ),
+        # timestamp() drops the metric name, so one metric per timestamp() (running and waiting
+        # of one engine would otherwise collide into one label set).
+        "engine_sample_at_s": f'max(timestamp({n.engine_running}{{model_name="{m}"}}))',
+        "router_sample_at_s": f"max(timestamp({router_q}) or timestamp({router_i}))",
+    }

@@ -1,0 +1,174 @@
+"""``kvfleet engine``: serve a model, or build a tiny random-weight one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def engine() -> None:
+    """The reference engine (CPU/CUDA): serve a model with the vLLM-compatible API."""
+
+
+@engine.command()
+@click.option(
+    "--model",
+    "model_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Hugging Face model folder (config.json, *.safetensors, tokenizer.json).",
+)
+@click.option(
+    "--host",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address to bind; all interfaces by default, as vLLM does (pods are reached through a Service).",
+)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option("--served-model-name", default="", help="Name clients put in 'model' (default: the --model argument).")
+@click.option(
+    "--kv-blocks",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="KV cache blocks; 0 sizes the pool from --kv-cache-memory-mib.",
+)
+@click.option("--kv-cache-memory-mib", default=512, show_default=True, type=click.IntRange(1))
+@click.option("--block-size", default=16, show_default=True, type=click.IntRange(1, 256), help="Tokens per KV block.")
+@click.option(
+    "--max-num-seqs",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="Most sequences running at once.",
+)
+@click.option(
+    "--max-num-batched-tokens",
+    default=512,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Token budget per step; longer prompts are prefilled in chunks.",
+)
+@click.option(
+    "--max-waiting",
+    default=256,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Queued requests beyond the running ones before answering 429.",
+)
+@click.option(
+    "--max-model-len",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Context length; 0 takes the model's max_position_embeddings.",
+)
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option(
+    "--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16", "float16"])
+)
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=True, show_default=True)
+@click.option(
+    "--drain-timeout",
+    "drain_timeout_s",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds SIGTERM waits for in-flight requests.",
+)
+@click.option("--threads", default=0, show_default=True, type=click.IntRange(0), help="Torch threads (0: default).")
+def serve(
+    model_dir: Path,
+    host: str,
+    port: int,
+    served_model_name: str,
+    kv_blocks: int,
+    kv_cache_memory_mib: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_waiting: int,
+    max_model_len: int,
+    device: str,
+    dtype: str,
+    enable_prefix_caching: bool,
+    drain_timeout_s: float,
+    threads: int,
+) -> None:
+    """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
+    from kvfleet.engine.server import serve as run_server
+    from kvfleet.engine.settings import EngineSettings, ServerSettings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        engine_settings = EngineSettings(
+            block_size_tokens=block_size,
+            num_kv_blocks=kv_blocks,
+            kv_cache_memory_bytes=kv_cache_memory_mib * 1024 * 1024,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_waiting_requests=max_waiting,
+            max_model_len_tokens=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            device=device,  # type: ignore[arg-type]
+            dtype=dtype,  # type: ignore[arg-type]
+            torch_threads=threads,
+        )
+        server_settings = ServerSettings(
+            host=host, port=port, served_model_name=served_model_name, drain_timeout_s=drain_timeout_s
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    sys.exit(asyncio.run(run_server(model_dir, engine_settings, server_settings)))
+
+
+@engine.command("make-tiny-model")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--layers", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--hidden", default=64, show_default=True, type=click.IntRange(8))
+@click.option("--vocab", default=1024, show_default=True, type=click.IntRange(300))
+@click.option("--heads", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--kv-heads", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--intermediate", default=0, show_default=True, type=click.IntRange(0), help="0: about 8/3 * hidden.")
+@click.option("--max-position-embeddings", default=2048, show_default=True, type=click.IntRange(16))
+@click.option("--tie-word-embeddings", is_flag=True)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--overwrite", is_flag=True, help="Replace PATH if it exists.")
+def make_tiny_model_command(
+    path: Path,
+    layers: int,
+    hidden: int,
+    vocab: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    max_position_embeddings: int,
+    tie_word_embeddings: bool,
+    seed: int,
+    overwrite: bool,
+) -> None:
+    """Write a random-weight Llama model with a locally trained tokenizer to PATH."""
+    from kvfleet.engine.tiny_model import make_tiny_model
+
+    try:
+        out = make_tiny_model(
+            path,
+            overwrite=overwrite,
+            layers=layers,
+            hidden=hidden,
+            vocab=vocab,
+            heads=heads,
+            kv_heads=kv_heads,
+            intermediate=intermediate,
+            max_position_embeddings=max_position_embeddings,
+            tie_word_embeddings=tie_word_embeddings,
+            seed=seed,
+        )
+    except (ValueError, FileExistsError) as e:
+        raise click.UsageError(str(e)) from e
+    click.echo(f"wrote {out}")

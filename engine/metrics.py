@@ -1,0 +1,129 @@
+"""Prometheus metrics with vLLM's names and a ``model_name`` label, so the router, the autoscaler
+and dashboards read the reference engine and vLLM alike. Each server gets its own registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# vLLM's bucket edges, so histogram_quantile() gives comparable answers across engines.
+TTFT_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS_S = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS_S = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        self.num_requests_running = gauge("vllm:num_requests_running", "Requests in model execution batches.")
+        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be processed.")
+        self.kv_cache_usage_perc = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.request_success = Counter(
+            "vllm:request_success", "Count of finished requests.", ["model_name", "finished_reason"], registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", labels, buckets=TTFT_BUCKETS_S, registry=r
+        )
+        self.inter_token_latency = Histogram(
+            "vllm:inter_token_latency_seconds", "Time between output tokens.", labels, buckets=ITL_BUCKETS_S, registry=r
+        )
+        self.e2e_request_latency = Histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels, buckets=E2E_BUCKETS_S, registry=r
+        )
+        # kvfleet's own: prompt tokens actually run through the model (prefix hits excluded).
+        self.prefill_computed_tokens = counter(
+            "kvfleet_engine_prefill_computed_tokens",
+            "Prompt tokens computed (prefix hits excluded).",
+        )
+        self.draining = gauge("kvfleet_engine_draining", "1 while the server drains after SIGTERM.")
+        self.model_name = model_name
+        for metric in (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc, self.draining):
+            metric.labels(model_name).set(0)
+        for c in (
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.num_preemptions,
+            self.prefill_computed_tokens,
+        ):
+            c.labels(model_name)  # present at 0 before the first request
+        for h in (self.time_to_first_token, self.inter_token_latency, self.e2e_request_latency):
+            h.labels(model_name)

@@ -1,0 +1,153 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2) over a paged KV cache.
+
+Weights load from Hugging Face layout; q/k/v and gate/up projections are fused at load time so a
+layer runs four matmuls. RMSNorm, RoPE (default, linear and llama3 scaling), grouped-query
+attention and SwiGLU follow transformers' Llama so the same checkpoint gives the same logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kvfleet.engine.errors import ModelLoadError
+from kvfleet.engine.model_config import ModelConfig, RopeScaling, load_model_config
+from kvfleet.engine.paged_attention import ForwardBatch, paged_attention
+from kvfleet.engine.weights import load_state_dict
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.rope_type == "llama3":
+        old_len = scaling.original_max_position_embeddings
+        low_wavelen = old_len / scaling.low_freq_factor
+        high_wavelen = old_len / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: ``[T, heads, D]``; cos/sin: ``[T, 1, D]``. The rotate-half convention of HF checkpoints."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_weight: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up_weight: torch.Tensor
+    down_weight: torch.Tensor
+
+
+class LlamaModel:
+    """Inference-only weights and forward; the KV pools are owned by the caller."""
+
+    def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+
+        def take(name: str) -> torch.Tensor:
+            if name not in state:
+                raise ModelLoadError(f"weights: tensor {name!r} is missing")
+            return state.pop(name).to(device=device, dtype=dtype)
+
+        c = config
+        q_dim, kv_dim = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        self.embed = take("model.embed_tokens.weight")
+        if self.embed.shape != (c.vocab_size, c.hidden_size):
+            raise ModelLoadError(
+                f"weights: embed_tokens has shape {tuple(self.embed.shape)}, config says "
+                f"({c.vocab_size}, {c.hidden_size})"
+            )
+        self.layers: list[Layer] = []
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            q, k, v = (take(f"{p}self_attn.{n}_proj.weight") for n in ("q", "k", "v"))
+            if q.shape != (q_dim, c.hidden_size) or k.shape != (kv_dim, c.hidden_size) or v.shape != k.shape:
+                raise ModelLoadError(f"weights: layer {i} q/k/v shapes do not match config.json")
+            bias = None
+            if f"{p}self_attn.q_proj.bias" in state:
+                bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in ("q", "k", "v")])
+            self.layers.append(
+                Layer(
+                    input_norm=take(f"{p}input_layernorm.weight"),
+                    qkv_weight=torch.cat([q, k, v]),
+                    qkv_bias=bias,
+                    o_weight=take(f"{p}self_attn.o_proj.weight"),
+                    post_norm=take(f"{p}post_attention_layernorm.weight"),
+                    gate_up_weight=torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]),
+                    down_weight=take(f"{p}mlp.down_proj.weight"),
+                )
+            )
+        self.norm = take("model.norm.weight")
+        if c.tie_word_embeddings or "lm_head.weight" not in state:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = take("lm_head.weight")
+        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
+        freqs = torch.outer(torch.arange(c.max_position_embeddings, dtype=torch.float64), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: Path, device: torch.device, dtype: torch.dtype) -> LlamaModel:
+        config = load_model_config(model_dir)
+        return cls(config, load_state_dict(model_dir), device, dtype)
+
+    def allocate_kv_pools(self, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V pools, ``[layers, slots, kv_heads, head_dim]`` each, allocated once."""
+        c = self.config
+        shape = (c.num_hidden_layers, num_slots, c.num_key_value_heads, c.head_dim)
+        return (
+            torch.zeros(shape, dtype=self.dtype, device=self.device),
+            torch.zeros(shape, dtype=self.dtype, device=self.device),
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, k_pools: torch.Tensor, v_pools: torch.Tensor) -> torch.Tensor:
+        """Logits (float32) for ``batch.logits_rows``, after writing the batch's K/V into the pools."""
+        c = self.config
+        num_tokens = batch.token_ids.shape[0]
+        q_dim, kv_dim = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        cos = self.cos.index_select(0, batch.positions).unsqueeze(1)
+        sin = self.sin.index_select(0, batch.positions).unsqueeze(1)
+        h = self.embed.index_select(0, batch.token_ids)
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
+            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
+            q = qkv[:, :q_dim].view(num_tokens, c.num_attention_heads, c.head_dim)
+            k = qkv[:, q_dim : q_dim + kv_dim].view(num_tokens, c.num_key_value_heads, c.head_dim)
+            v = qkv[:, q_dim + kv_dim :].view(num_tokens, c.num_key_value_heads, c.head_dim)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+            attn = paged_attention(q, k, v, k_pools[i], v_pools[i], batch)
+            h = h + F.linear(attn, layer.o_weight)
+            x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
+            gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.down_weight)
+        h = h.index_select(0, batch.logits_rows)
+        return F.linear(rms_norm(h, self.norm, c.rms_norm_eps), self.lm_head).float()

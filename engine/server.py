@@ -1,0 +1,379 @@
+"""The vLLM-compatible HTTP server: OpenAI completions and chat completions (with SSE), models,
+health and Prometheus metrics. Engine errors are translated to HTTP statuses here, once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvfleet.engine.async_engine import AsyncEngine, RequestStream
+from kvfleet.engine.engine_core import EngineCore, RequestOutput, load_engine_core
+from kvfleet.engine.errors import (
+    DrainingError,
+    EngineDeadError,
+    EngineError,
+    InvalidRequestError,
+    OverloadedError,
+    RequestError,
+    UnknownModelError,
+)
+from kvfleet.engine.metrics import EngineMetrics
+from kvfleet.engine.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_body,
+    now_s,
+    parse_request,
+    usage,
+)
+from kvfleet.engine.settings import EngineSettings, ServerSettings
+
+log = logging.getLogger(__name__)
+
+# OpenAI's default for /v1/completions; chat defaults to the rest of the context (as vLLM does).
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    served_model_name: str
+    metrics: EngineMetrics
+    engine: AsyncEngine | None = None
+    draining: bool = False
+    in_flight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
+
+    def ready_engine(self) -> AsyncEngine:
+        """The engine if it accepts work, else the reason as a 503."""
+        retry = self.settings.retry_after_s
+        if self.draining:
+            raise DrainingError("the server is shutting down and accepts no new requests", retry_after_s=retry)
+        if self.engine is None:
+            raise DrainingError("the model is still loading", retry_after_s=retry)
+        if self.engine.dead is not None:
+            raise EngineDeadError(f"the engine stopped after an internal error: {self.engine.dead}")
+        return self.engine
+
+
+STATE_KEY = web.AppKey("state", ServerState)
+
+
+def _error_response(e: RequestError) -> web.Response:
+    headers = {}
+    if isinstance(e, OverloadedError | DrainingError):
+        headers["Retry-After"] = str(e.retry_after_s)
+    return web.json_response(error_body(e.message, e.error_type, e.status, e.param), status=e.status, headers=headers)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as e:
+        return _error_response(e)
+    except EngineDeadError as e:
+        return web.json_response(error_body(str(e), "internal_error", 500), status=500)
+    except EngineError as e:
+        log.exception("engine error on %s", request.path)
+        return web.json_response(error_body(str(e), "internal_error", 500), status=500)
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequestError(f"malformed JSON body: {e}") from e
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _outputs(request: web.Request, stream: RequestStream, poll_s: float) -> AsyncIterator[RequestOutput]:
+    """The request's outputs until it finishes; stops early (aborting it) when the client leaves."""
+    try:
+        while True:
+            # Checked on every output, and every poll_s while none comes (e.g. queued).
+            if _client_gone(request):
+                log.info("client of %s went away; aborting it", stream.request_id)
+                return
+            try:
+                output = await asyncio.wait_for(stream.next(), timeout=poll_s)
+            except TimeoutError:
+                continue
+            yield output
+            if output.finished:
+                return
+    finally:
+        stream.abort()  # frees its KV blocks unless it already finished
+
+
+class Handlers:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def health(self, request: web.Request) -> web.Response:
+        try:
+            self.state.ready_engine()
+        except (RequestError, EngineDeadError) as e:
+            return web.Response(
+                status=503, text=str(e), headers={"Retry-After": str(self.state.settings.retry_after_s)}
+            )
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        engine = self.state.engine
+        card: dict[str, Any] = {
+            "id": self.state.served_model_name,
+            "object": "model",
+            "created": now_s(),
+            "owned_by": "kvfleet",
+            "root": self.state.served_model_name,
+        }
+        if engine is not None:
+            card["max_model_len"] = engine.core.max_model_len
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.state.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.state.served_model_name:
+            raise UnknownModelError(
+                f"the model {model!r} does not exist; this server serves {self.state.served_model_name!r}",
+                param="model",
+            )
+
+    @staticmethod
+    def _prompt_ids(core: EngineCore, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return core.tokenizer.encode(prompt)
+        vocab = core.model.config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt: token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt"
+            )
+        return prompt
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        engine = self.state.ready_engine()
+        body = parse_request(CompletionRequest, await _read_json(request))
+        self._check_model(body.model)
+        prompt_ids = self._prompt_ids(engine.core, body.prompt_input())
+        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+        engine.core.check_lengths(len(prompt_ids), max_tokens)
+        stream = engine.submit(engine.new_request_id("cmpl"), prompt_ids, body.sampling_params(max_tokens))
+        self.state.enter()
+        try:
+            if body.stream:
+                return await self._stream(request, stream, chat=False, include_usage=body.include_usage)
+            return await self._collect(request, stream, chat=False)
+        finally:
+            self.state.leave()
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        engine = self.state.ready_engine()
+        body = parse_request(ChatCompletionRequest, await _read_json(request))
+        self._check_model(body.model)
+        core = engine.core
+        text = core.tokenizer.render_chat(body.rendered_messages(), add_generation_prompt=body.add_generation_prompt)
+        prompt_ids = core.tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = body.requested_max_tokens() or core.default_max_tokens(len(prompt_ids))
+        core.check_lengths(len(prompt_ids), max_tokens)
+        stream = engine.submit(engine.new_request_id("chatcmpl"), prompt_ids, body.sampling_params(max_tokens))
+        self.state.enter()
+        try:
+            if body.stream:
+                return await self._stream(request, stream, chat=True, include_usage=body.include_usage)
+            return await self._collect(request, stream, chat=True)
+        finally:
+            self.state.leave()
+
+    def _envelope(self, stream: RequestStream, chat: bool, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+        return {"id": stream.request_id, "object": kind, "created": now_s(), "model": self.state.served_model_name}
+
+    async def _collect(self, request: web.Request, stream: RequestStream, chat: bool) -> web.StreamResponse:
+        parts: list[str] = []
+        last: RequestOutput | None = None
+        async for output in _outputs(request, stream, self.state.settings.disconnect_poll_s):
+            parts.append(output.text_delta)
+            last = output
+        if last is None or not last.finished:
+            return web.Response(status=499)  # the client left; nobody reads this
+        if last.finish_reason == "error":
+            raise EngineDeadError("the engine failed while serving this request")
+        text = "".join(parts)
+        body = self._envelope(stream, chat, chunk=False)
+        if chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": last.finish_reason,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}
+        body["choices"] = [choice]
+        body["usage"] = usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens)
+        return web.json_response(body)
+
+    async def _stream(
+        self, request: web.Request, stream: RequestStream, chat: bool, include_usage: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+        )
+
+        async def send(payload: dict[str, Any] | str) -> None:
+            data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+            await response.write(f"data: {data}\n\n".encode())
+
+        def choice(delta_text: str | None, reason: str | None, first: bool = False) -> dict[str, Any]:
+            if not chat:
+                return {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": reason}
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if delta_text:
+                delta["content"] = delta_text
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+
+        await response.prepare(request)
+        try:
+            if chat:
+                await send({**self._envelope(stream, chat, True), "choices": [choice(None, None, first=True)]})
+            async for output in _outputs(request, stream, self.state.settings.disconnect_poll_s):
+                if output.finish_reason == "error":
+                    await send(
+                        {
+                            "error": error_body("the engine failed while serving this request", "internal_error", 500)[
+                                "error"
+                            ]
+                        }
+                    )
+                    break
+                if output.text_delta or output.finished:
+                    reason = output.finish_reason if output.finished else None
+                    await send({**self._envelope(stream, chat, True), "choices": [choice(output.text_delta, reason)]})
+                if output.finished and include_usage:
+                    await send(
+                        {
+                            **self._envelope(stream, chat, True),
+                            "choices": [],
+                            "usage": usage(output.prompt_tokens, output.completion_tokens, output.cached_tokens),
+                        }
+                    )
+            await send("[DONE]")
+            await response.write_eof()
+        except ConnectionResetError:
+            log.info("client of %s disconnected mid-stream; aborted", stream.request_id)
+        finally:
+            stream.abort()
+        return response
+
+
+def create_app(state: ServerState) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=state.settings.max_request_bytes)
+    app[STATE_KEY] = state
+    h = Handlers(state)
+    app.router.add_get("/health", h.health)
+    app.router.add_get("/v1/models", h.models)
+    app.router.add_get("/metrics", h.metrics)
+    app.router.add_post("/v1/completions", h.completions)
+    app.router.add_post("/v1/chat/completions", h.chat)
+    return app
+
+
+async def serve(model_dir: Path, engine_settings: EngineSettings, server_settings: ServerSettings) -> int:
+    """Run until SIGTERM/SIGINT, then drain: refuse new work with 503, finish in-flight requests,
+    return 0. A second signal exits at once."""
+    served = server_settings.served_model_name or str(model_dir)
+    metrics = EngineMetrics(served)
+    state = ServerState(server_settings, served, metrics)
+    runner = web.AppRunner(create_app(state), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, server_settings.host, server_settings.port)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else server_settings.port
+    print(f"kvfleet engine: listening on http://{server_settings.host}:{port} (loading {model_dir})", flush=True)
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            print(f"kvfleet engine: second signal {signum}; exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        print(f"kvfleet engine: signal {signum}; draining {state.in_flight} in-flight requests", flush=True)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    engine: AsyncEngine | None = None
+    try:
+        load: asyncio.Future[EngineCore] = loop.run_in_executor(
+            None, load_engine_core, model_dir, engine_settings, served, metrics
+        )
+        stopped: asyncio.Future[bool] = asyncio.ensure_future(stop.wait())
+        waiters: list[asyncio.Future[Any]] = [load, stopped]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if not load.done():
+            stopped.cancel()
+            return 0  # stopped while loading: nothing in flight to drain
+        stopped.cancel()
+        try:
+            core = load.result()
+        except EngineError as e:
+            print(f"kvfleet engine: cannot serve {model_dir}: {e}", file=sys.stderr, flush=True)
+            return 1
+        engine = AsyncEngine(
+            core, max_waiting_requests=engine_settings.max_waiting_requests, retry_after_s=server_settings.retry_after_s
+        )
+        engine.start()
+        state.engine = engine
+        print(
+            f"kvfleet engine: ready: {served} on {core.model.device}, {core.num_blocks} KV blocks of "
+            f"{engine_settings.block_size_tokens} tokens",
+            flush=True,
+        )
+        await stop.wait()
+        state.draining = True
+        metrics.draining.labels(served).set(1)
+        try:
+            await asyncio.wait_for(state.idle.wait(), timeout=server_settings.drain_timeout_s)
+        except TimeoutError:
+            print(f"kvfleet engine: drain timed out with {state.in_flight} requests in flight", file=sys.stderr)
+        return 0
+    finally:
+        await runner.cleanup()
+        if engine is not None:
+            engine.shutdown()

@@ -1,0 +1,81 @@
+"""Typed, validated settings of the reference engine. Units are in the field names; every bound
+is checked once here so the rest of the engine can trust them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+DtypeChoice = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def _require(condition: bool, field: str, message: str) -> None:
+    if not condition:
+        raise ValueError(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the step loop and the KV cache need.
+
+    The defaults suit a laptop CPU: 16-token blocks (vLLM's default, so prefix hashes line up
+    with the router's block size), a 512-token step budget (long prompts are chunked so decodes
+    keep flowing every step), and 256 queued requests before answering 429.
+    """
+
+    block_size_tokens: int = 16
+    # 0 means "size the pool from kv_cache_memory_bytes".
+    num_kv_blocks: int = 0
+    # Used only when num_kv_blocks is 0: the KV pool's memory budget.
+    kv_cache_memory_bytes: int = 512 * 1024 * 1024
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_waiting_requests: int = 256
+    # 0 means "the model's max_position_embeddings".
+    max_model_len_tokens: int = 0
+    enable_prefix_caching: bool = True
+    device: DeviceChoice = "auto"
+    dtype: DtypeChoice = "auto"
+    # The step loop's idle wait; bounded so a stop request is seen promptly.
+    idle_poll_s: float = 0.05
+    # Torch intra-op threads; 0 keeps torch's default.
+    torch_threads: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.block_size_tokens <= 256, "block_size_tokens", "must be in [1, 256]")
+        _require(self.num_kv_blocks >= 0, "num_kv_blocks", "must be >= 0 (0 sizes the pool from memory)")
+        _require(self.kv_cache_memory_bytes >= 1 << 20, "kv_cache_memory_bytes", "must be >= 1 MiB")
+        _require(1 <= self.max_num_seqs <= 4096, "max_num_seqs", "must be in [1, 4096]")
+        _require(1 <= self.max_num_batched_tokens <= 1 << 20, "max_num_batched_tokens", "must be in [1, 1048576]")
+        _require(0 <= self.max_waiting_requests <= 1 << 20, "max_waiting_requests", "must be in [0, 1048576]")
+        _require(self.max_model_len_tokens >= 0, "max_model_len_tokens", "must be >= 0")
+        _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        _require(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", "unknown dtype")
+        _require(0 < self.idle_poll_s <= 5, "idle_poll_s", "must be in (0, 5]")
+        _require(0 <= self.torch_threads <= 1024, "torch_threads", "must be in [0, 1024]")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The HTTP layer around the engine."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str = ""
+    # How long SIGTERM waits for in-flight requests before exiting anyway.
+    drain_timeout_s: float = 600.0
+    # Retry-After sent with 429 (queue full) and 503 (draining).
+    retry_after_s: int = 1
+    # How often a non-streaming handler checks whether its client went away.
+    disconnect_poll_s: float = 0.25
+    # Largest request body accepted.
+    max_request_bytes: int = 8 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        _require(0 <= self.drain_timeout_s <= 86400, "drain_timeout_s", "must be in [0, 86400]")
+        _require(1 <= self.retry_after_s <= 3600, "retry_after_s", "must be in [1, 3600]")
+        _require(0 < self.disconnect_poll_s <= 10, "disconnect_poll_s", "must be in (0, 10]")
+        _require(1024 <= self.max_request_bytes <= 1 << 30, "max_request_bytes", "must be in [1 KiB, 1 GiB]")

@@ -1,0 +1,99 @@
+"""Learn status.measuredColdStartSeconds from the launchers' ``/coldstart`` endpoints.
+
+Why the operator asks the launcher (and not a pod annotation the launcher writes): writing an
+annotation would need a Kubernetes token with ``pods/patch`` in every engine pod, and such a token
+can patch any pod of the namespace. This way engine pods run with no token at all
+(``automountServiceAccountToken: false``) and the operator needs only read access to pods
+(``list``) plus a network path to port 9400 of the engine pods.
+
+Each pod is asked once, after it turned Ready (the launcher then knows the total); the answer is
+remembered by pod uid in a bounded LRU so a resync does not ask again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+MAX_REMEMBERED_PODS = 4096
+
+
+@dataclass(frozen=True)
+class PodTarget:
+    uid: str
+    ip: str
+    ready_since: str  # RFC 3339 time of the Ready transition; orders measurements
+
+
+def ready_pods(pods: list[dict[str, Any]]) -> list[PodTarget]:
+    """Pods that are Ready, have an IP and are not terminating, newest Ready first."""
+    out: list[PodTarget] = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp") or not status.get("podIP") or not meta.get("uid"):
+            continue
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "Ready" and cond.get("status") == "True":
+                out.append(PodTarget(str(meta["uid"]), str(status["podIP"]), str(cond.get("lastTransitionTime") or "")))
+    return sorted(out, key=lambda p: p.ready_since, reverse=True)
+
+
+def parse_coldstart(doc: Any) -> float | None:
+    """The launcher's total cold start in seconds (docs/contracts.md), or None when malformed."""
+    if not isinstance(doc, dict):
+        return None
+    value = doc.get("totalSeconds")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value < 0 or value > 86_400:
+        return None
+    return float(value)
+
+
+class ColdStartProbe:
+    """Asks launchers for their cold-start figure; remembers answers by pod uid (bounded)."""
+
+    def __init__(self, *, port: int, timeout_s: float, pods_per_tick: int) -> None:
+        self._port = port
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._pods_per_tick = pods_per_tick
+        self._known: OrderedDict[str, tuple[str, float]] = OrderedDict()  # uid -> (ready_since, seconds)
+
+    async def _fetch(self, session: aiohttp.ClientSession, pod: PodTarget) -> float | None:
+        host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
+        try:
+            async with session.get(f"http://{host}:{self._port}/coldstart") as response:
+                if response.status != 200:
+                    return None
+                return parse_coldstart(await response.json(content_type=None))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            log.debug("launcher of pod %s did not answer /coldstart: %s", pod.uid, e)
+            return None
+
+    async def latest(self, pods: list[dict[str, Any]]) -> float | None:
+        """The cold start of the most recently Ready pod that reported one (None when none did)."""
+        targets = ready_pods(pods)
+        unknown = [p for p in targets if p.uid not in self._known][: self._pods_per_tick]
+        if unknown:
+            async with aiohttp.ClientSession(timeout=self._timeout) as session:
+                for pod in unknown:
+                    seconds = await self._fetch(session, pod)
+                    if seconds is not None:
+                        self._remember(pod, seconds)
+        for pod in targets:
+            if pod.uid in self._known:
+                return self._known[pod.uid][1]
+        return None
+
+    def _remember(self, pod: PodTarget, seconds: float) -> None:
+        self._known[pod.uid] = (pod.ready_since, seconds)
+        self._known.move_to_end(pod.uid)
+        while len(self._known) > MAX_REMEMBERED_PODS:
+            self._known.popitem(last=False)

@@ -1,0 +1,227 @@
+"""The InferenceDeployment status as a pure function of what the operator observed.
+
+Every condition carries a reason and a message; a change of a condition's status or reason is a
+transition, and each transition becomes one Kubernetes Event (the reconciler posts them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kvfleet.status import CONDITION_TYPES, ConditionStatus, ConditionType
+
+
+@dataclass(frozen=True)
+class DeploymentObservation:
+    """The parts of the engine Deployment (as the API server returned it) that status needs."""
+
+    spec_replicas: int
+    generation: int
+    observed_generation: int
+    replicas: int
+    ready_replicas: int
+    updated_replicas: int
+    available_replicas: int
+    deadline_exceeded: str | None  # the Deployment's message when its rollout timed out
+    replica_failure: str | None  # e.g. a quota refusing pods
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> DeploymentObservation:
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        meta = obj.get("metadata") or {}
+        deadline = failure = None
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
+                deadline = str(cond.get("message") or "rollout exceeded its progress deadline")
+            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+                failure = str(cond.get("message") or cond.get("reason") or "replica failure")
+        return cls(
+            spec_replicas=int(spec.get("replicas", 1)),
+            generation=int(meta.get("generation") or 0),
+            observed_generation=int(status.get("observedGeneration") or 0),
+            replicas=int(status.get("replicas") or 0),
+            ready_replicas=int(status.get("readyReplicas") or 0),
+            updated_replicas=int(status.get("updatedReplicas") or 0),
+            available_replicas=int(status.get("availableReplicas") or 0),
+            deadline_exceeded=deadline,
+            replica_failure=failure,
+        )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the status is computed from; no I/O happens after this is built."""
+
+    generation: int | None
+    desired_replicas: int | None  # None when the spec is invalid (nothing was decided)
+    replica_reason: str
+    autoscaling: bool
+    deployment: DeploymentObservation | None
+    invalid_spec: str | None  # "spec.x: why; spec.y: why" when the spec failed validation
+    apply_error: str | None
+    endpoint: str
+    selector: str
+    measured_cold_start_s: float | None
+
+
+@dataclass(frozen=True)
+class Cond:
+    type: ConditionType
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A condition that changed, to be posted as an Event."""
+
+    condition: Cond
+    event_type: str  # Normal or Warning
+
+
+@dataclass(frozen=True)
+class StatusPlan:
+    status: dict[str, Any]  # the status keys the operator owns, wire form
+    transitions: tuple[Transition, ...]
+
+
+def rfc3339(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rollout_state(dep: DeploymentObservation, desired: int) -> tuple[bool, str]:
+    """(in progress, why), the way `kubectl rollout status` decides."""
+    if dep.observed_generation < dep.generation:
+        return True, "the Deployment controller has not seen the latest template yet"
+    if dep.updated_replicas < desired:
+        return True, f"{dep.updated_replicas}/{desired} replicas run the current template"
+    if dep.replicas > dep.updated_replicas:
+        return True, f"{dep.replicas - dep.updated_replicas} old replicas are terminating"
+    if dep.ready_replicas < desired:
+        return True, f"{dep.ready_replicas}/{desired} replicas ready"
+    return False, f"{dep.ready_replicas}/{desired} replicas ready and current"
+
+
+def _conditions(obs: Observed) -> list[Cond]:
+    dep = obs.deployment
+    degraded: Cond
+    if obs.invalid_spec is not None:
+        degraded = Cond("Degraded", "True", "InvalidSpec", obs.invalid_spec)
+    elif obs.apply_error is not None:
+        degraded = Cond("Degraded", "True", "ApplyFailed", obs.apply_error)
+    elif dep is not None and dep.deadline_exceeded is not None:
+        degraded = Cond("Degraded", "True", "ProgressDeadlineExceeded", dep.deadline_exceeded)
+    elif dep is not None and dep.replica_failure is not None:
+        degraded = Cond("Degraded", "True", "ReplicaFailure", dep.replica_failure)
+    else:
+        degraded = Cond("Degraded", "False", "AsExpected", "no problem seen")
+
+    # With an invalid spec nothing new was decided: report what the existing Deployment does.
+    desired = obs.desired_replicas
+    if desired is None:
+        desired = dep.spec_replicas if dep is not None else 0
+
+    if dep is None:
+        why = "fix the spec; no child was created" if obs.invalid_spec else "creating the engine Deployment"
+        reason = "InvalidSpec" if obs.invalid_spec else "Creating"
+        return [
+            Cond("Ready", "False", reason, why),
+            Cond("Progressing", "False" if obs.invalid_spec else "True", reason, why),
+            degraded,
+            Cond("ScaledToZero", "False", reason, why),
+        ]
+
+    if desired == 0:
+        if dep.replicas == 0:
+            ready = Cond("Ready", "True", "ScaledToZero", "0 replicas; the router wakes the deployment on a request")
+            progressing = Cond("Progressing", "False", "Idle", "scaled to zero")
+            zero = Cond("ScaledToZero", "True", "ScaledToZero", obs.replica_reason)
+        else:
+            ready = Cond("Ready", "True", "ScalingToZero", f"{dep.ready_replicas} replicas still serving")
+            progressing = Cond("Progressing", "True", "ScalingDown", f"{dep.replicas} replicas terminating")
+            zero = Cond("ScaledToZero", "False", "ScalingDown", f"{dep.replicas} replicas terminating")
+        return [ready, progressing, degraded, zero]
+
+    if dep.ready_replicas > 0:
+        ready = Cond("Ready", "True", "ReplicasReady", f"{dep.ready_replicas}/{desired} replicas ready")
+    else:
+        ready = Cond("Ready", "False", "NoReplicaReady", f"0/{desired} replicas ready; engines are starting")
+    moving, why = _rollout_state(dep, desired)
+    if obs.invalid_spec is not None:
+        progressing = Cond("Progressing", "False", "InvalidSpec", "fix the spec; children left as they were")
+    elif moving:
+        template_moving = (
+            dep.observed_generation < dep.generation
+            or dep.updated_replicas < desired
+            or dep.replicas > dep.updated_replicas
+        )
+        reason = "RollingOut" if template_moving else "ScalingUp"
+        progressing = Cond("Progressing", "True", reason, why)
+    else:
+        progressing = Cond("Progressing", "False", "Complete", why)
+    zero = Cond("ScaledToZero", "False", "Running", obs.replica_reason)
+    return [ready, progressing, degraded, zero]
+
+
+_EVENT_PRIORITY: tuple[ConditionType, ...] = ("Degraded", "Ready", "ScaledToZero", "Progressing")
+
+
+def _noteworthy_first(cond: Cond) -> bool:
+    # A condition seen for the first time is worth an Event unless it only says "all is well".
+    return not (cond.type in ("Degraded", "ScaledToZero") and cond.status == "False")
+
+
+def plan_status(obs: Observed, previous: dict[str, Any] | None, now: datetime) -> StatusPlan:
+    """The new status (operator-owned keys) and the transitions since ``previous`` (live status)."""
+    previous = previous or {}
+    before = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
+    conditions: list[dict[str, Any]] = []
+    transitions: list[Transition] = []
+    for cond in sorted(_conditions(obs), key=lambda c: CONDITION_TYPES.index(c.type)):
+        old = before.get(cond.type)
+        # lastTransitionTime moves only when the status flips (Kubernetes convention).
+        stamp = rfc3339(now)
+        if old is not None and old.get("status") == cond.status and old.get("lastTransitionTime"):
+            stamp = str(old["lastTransitionTime"])
+        wire: dict[str, Any] = {
+            "type": cond.type,
+            "status": cond.status,
+            "reason": cond.reason,
+            "message": cond.message,
+            "lastTransitionTime": stamp,
+        }
+        if obs.generation is not None:
+            wire["observedGeneration"] = obs.generation
+        conditions.append(wire)
+        changed = old is None or old.get("status") != cond.status or old.get("reason") != cond.reason
+        if changed and (old is not None or _noteworthy_first(cond)):
+            warn = (cond.type == "Degraded" and cond.status == "True") or (
+                cond.type == "Ready" and cond.status == "False" and old is not None
+            )
+            transitions.append(Transition(cond, "Warning" if warn else "Normal"))
+    # One Event per reason: an invalid spec flips Ready, Progressing and Degraded at once, and
+    # three identical InvalidSpec Events would only be noise. The most telling condition speaks.
+    by_reason: dict[str, Transition] = {}
+    for transition in sorted(transitions, key=lambda t: _EVENT_PRIORITY.index(t.condition.type)):
+        by_reason.setdefault(transition.condition.reason, transition)
+    transitions = sorted(by_reason.values(), key=lambda t: CONDITION_TYPES.index(t.condition.type))
+
+    status: dict[str, Any] = {
+        "replicas": obs.deployment.replicas if obs.deployment is not None else 0,
+        "readyReplicas": obs.deployment.ready_replicas if obs.deployment is not None else 0,
+        "selector": obs.selector,
+        "endpoint": obs.endpoint,
+        "conditions": conditions,
+    }
+    if obs.generation is not None:
+        status["observedGeneration"] = obs.generation
+    # desiredReplicas is the autoscaler's while autoscaling is on; the operator only mirrors spec.
+    if not obs.autoscaling and obs.desired_replicas is not None:
+        status["desiredReplicas"] = obs.desired_replicas
+    if obs.measured_cold_start_s is not None:
+        status["measuredColdStartSeconds"] = round(obs.measured_cold_start_s, 3)
+    return StatusPlan(status, tuple(transitions))

@@ -1,0 +1,100 @@
+"""Thin kopf handlers over the reconciler, registered into a registry built from typed settings.
+
+Every handler calls the same level-based reconcile, so which one fires (create, update, resume,
+the resync timer, or the watch of status.desiredReplicas) never changes the result. Errors are
+translated here, once: an API that did not answer becomes ``kopf.TemporaryError`` (kopf retries
+with a delay, a bounded number of times); everything the reconciler can decide on its own
+(an invalid spec, an apply the server refused) is reported in status and not retried in a loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from kvfleet.spec import GROUP, PLURAL, VERSION
+
+from .kube import KubeError, Unavailable
+from .reconcile import Outcome, Reconciler
+from .settings import FINALIZER, KOPF_PREFIX, OperatorSettings
+
+
+def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    """Where kopf keeps its bookkeeping, and how it posts events and peers.
+
+    kopf's progress and diff-base go to annotations under kvfleet.io/: the CRD's status schema is
+    strict (the API server would prune a ``status.kopf`` field, and kopf would then redo its work
+    forever), and annotations that are not in Git are ignored by Argo CD's diff (they belong to
+    another field manager), so they cause no drift. spec is never written.
+    """
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration"
+    )
+    # Events come from our transitions only; kopf's own log lines are not posted.
+    settings.posting.loggers = False
+    settings.posting.level = logging.INFO
+    settings.posting.reporting_component = "kvfleet-operator"
+    settings.networking.request_timeout = ours.api_timeout_s * 10  # watches are long-lived requests
+    settings.execution.max_workers = 4
+    settings.peering.name = ours.peering_name or "kvfleet"
+    settings.peering.priority = ours.priority
+    settings.peering.lifetime = ours.peering_lifetime_s
+    settings.peering.standalone = ours.peering_name is None
+    settings.peering.mandatory = ours.peering_name is not None
+    settings.peering.clusterwide = not ours.namespaces
+
+
+def _check(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    if outcome.invalid and outcome.events:  # once per change, not on every resync
+        logger.warning("spec is invalid, children left unchanged: %s", outcome.invalid)
+    if outcome.apply_error:
+        logger.warning("apply refused: %s", outcome.apply_error)
+    if outcome.applied:
+        logger.info("applied %s", ", ".join(outcome.applied))
+
+
+def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.OperatorRegistry:
+    """A kopf registry with the operator's handlers; nothing is registered globally."""
+    registry = kopf.OperatorRegistry()
+    resource = (GROUP, VERSION, PLURAL)
+
+    async def run(namespace: str | None, name: str, logger: Any) -> None:
+        assert namespace is not None  # InferenceDeployments are namespaced
+        try:
+            _check(await reconciler.reconcile(namespace, name), logger)
+        except Unavailable as e:
+            raise kopf.TemporaryError(f"API server unavailable: {e}", delay=ours.retry_delay_s) from e
+        except KubeError as e:
+            raise kopf.TemporaryError(f"API call failed: {e}", delay=ours.retry_delay_s) from e
+
+    @kopf.on.resume(*resource, registry=registry, retries=ours.max_retries)
+    @kopf.on.create(*resource, registry=registry, retries=ours.max_retries)
+    @kopf.on.update(*resource, registry=registry, retries=ours.max_retries)
+    async def reconcile_change(*, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
+        await run(namespace, name, logger)
+
+    # Drift: a child deleted or edited by hand, readiness that changed, a launcher that reported.
+    @kopf.timer(*resource, registry=registry, interval=ours.resync_interval_s, initial_delay=ours.resync_interval_s)
+    async def resync(*, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
+        await run(namespace, name, logger)
+
+    # The autoscaler writes status.desiredReplicas; status is not in kopf's diff, so watch events.
+    @kopf.on.event(*resource, registry=registry, when=lambda body, **_: reconciler.replicas_stale(dict(body)))
+    async def rescale(*, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
+        await run(namespace, name, logger)
+
+    @kopf.on.delete(*resource, registry=registry, retries=ours.max_retries)
+    async def cleanup(*, body: kopf.Body, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
+        assert namespace is not None
+        try:
+            deleted = await reconciler.delete_children(namespace, name)
+        except KubeError as e:
+            raise kopf.TemporaryError(f"deleting children failed: {e}", delay=ours.retry_delay_s) from e
+        logger.info("deleted %s", ", ".join(deleted) or "nothing (children were gone)")
+        kopf.event(body, type="Normal", reason="Deleted", message=f"deleted {len(deleted)} children")
+
+    return registry

@@ -1,0 +1,249 @@
+"""One reconcile of one InferenceDeployment: read, decide (pure), write only what differs.
+
+Level-based and idempotent: the create/update/resume handlers, the resync timer and the watch of
+status.desiredReplicas all call the same ``reconcile``; a converged deployment costs reads only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from kvfleet.spec import API_VERSION, KIND, PLURAL
+from kvfleet.validation import validate_spec
+
+from . import names
+from .coldstart import ColdStartProbe
+from .conditions import DeploymentObservation, Observed, plan_status
+from .drift import first_difference
+from .kube import KubeClient, NotFound, Ref, Rejected
+from .render import (
+    CHILD_KINDS,
+    DEPLOYMENT,
+    SERVICE_MONITOR,
+    ChildKind,
+    Owner,
+    kind_of,
+    render_children,
+)
+from .replicas import decide_replicas
+from .settings import FIELD_MANAGER, OperatorSettings
+
+log = logging.getLogger(__name__)
+
+INFD = Ref(API_VERSION, PLURAL)
+PODS = Ref("v1", "pods")
+DISCOVERY_TTL_S = 300.0
+
+
+def ref_of(kind: ChildKind) -> Ref:
+    return Ref(kind.api_version, kind.plural)
+
+
+class EventPoster(Protocol):
+    def __call__(self, obj: dict[str, Any], *, type: str, reason: str, message: str) -> None: ...
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did, for logs and tests."""
+
+    applied: list[str] = field(default_factory=list)  # "Deployment/x-engine (spec.replicas)"
+    status_written: bool = False
+    events: list[str] = field(default_factory=list)
+    invalid: str | None = None
+    apply_error: str | None = None
+    gone: bool = False
+
+
+def _object_ref(body: dict[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+    }
+
+
+class Reconciler:
+    """Reconciles InferenceDeployments through an injected API client, clock and event poster."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: OperatorSettings,
+        *,
+        post_event: EventPoster,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        coldstart: ColdStartProbe | None = None,
+    ) -> None:
+        self._client = client
+        self._settings = settings
+        self._post_event = post_event
+        self._clock = clock
+        self._coldstart = coldstart
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # Replica count last applied per deployment: lets the watch handler skip events that do
+        # not change the decision (most of them: our own status writes, the autoscaler's reasons).
+        self._applied_replicas: dict[tuple[str, str], int] = {}
+        self._service_monitors: tuple[float, bool] | None = None
+
+    def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._locks.pop((namespace, name), None)
+        self._applied_replicas.pop((namespace, name), None)
+
+    def replicas_stale(self, body: dict[str, Any]) -> bool:
+        """Pure check for the watch handler: would a reconcile now change the replica count?"""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if key not in self._applied_replicas or meta.get("deletionTimestamp"):
+            return False
+        spec, problems = validate_spec(body.get("spec"))
+        if spec is None or problems:
+            return False
+        desired = (body.get("status") or {}).get("desiredReplicas")
+        decision = decide_replicas(spec, desired if spec.autoscaling_enabled else None)
+        return decision.replicas != self._applied_replicas[key]
+
+    async def _serves_service_monitors(self) -> bool:
+        now = time.monotonic()
+        if self._service_monitors is None or now - self._service_monitors[0] > DISCOVERY_TTL_S:
+            served = await self._client.serves(SERVICE_MONITOR.api_version, SERVICE_MONITOR.plural)
+            self._service_monitors = (now, served)
+        return self._service_monitors[1]
+
+    async def reconcile(self, namespace: str, name: str) -> Outcome:
+        async with self._lock((namespace, name)):
+            return await self._reconcile(namespace, name)
+
+    async def _reconcile(self, namespace: str, name: str) -> Outcome:
+        outcome = Outcome()
+        # Read the object afresh: a handler's body can lag behind our own last status write, and
+        # planning from it would post the same transition twice.
+        body = await self._client.get(INFD, namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            outcome.gone = True
+            return outcome
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        live_status: dict[str, Any] = body.get("status") or {}
+        owner = Owner(name=name, namespace=namespace, uid=meta.get("uid"))
+        deployment_live = await self._client.get(ref_of(DEPLOYMENT), namespace, names.engine_name(name))
+
+        spec, problems = validate_spec(body.get("spec"))
+        if spec is None or problems:
+            # Nothing is rendered or applied: the children keep doing what they did.
+            outcome.invalid = "; ".join(str(p) for p in problems) or "spec is missing"
+            observed = Observed(
+                generation=generation,
+                desired_replicas=None,
+                replica_reason="spec is invalid",
+                autoscaling=False,
+                deployment=DeploymentObservation.from_object(deployment_live) if deployment_live else None,
+                invalid_spec=outcome.invalid,
+                apply_error=None,
+                endpoint=self._settings.router_endpoint,
+                selector=names.selector_string(name),
+                measured_cold_start_s=None,
+            )
+            await self._write_status(body, observed, live_status, outcome)
+            return outcome
+
+        autoscaling = spec.autoscaling_enabled
+        decision = decide_replicas(spec, live_status.get("desiredReplicas") if autoscaling else None)
+        children = render_children(
+            owner, spec, decision.replicas, self._settings, service_monitor=await self._serves_service_monitors()
+        )
+        for child in children:
+            kind = kind_of(child)
+            child_name = child["metadata"]["name"]
+            live = (
+                deployment_live if kind is DEPLOYMENT else await self._client.get(ref_of(kind), namespace, child_name)
+            )
+            difference = "(missing)" if live is None else first_difference(child, live)
+            if difference is None:
+                continue
+            try:
+                applied = await self._client.apply(ref_of(kind), child, FIELD_MANAGER)
+            except Rejected as e:
+                # The API server refused the object; resending it unchanged would fail again, so
+                # report it and let the resync timer try at its calm pace.
+                outcome.apply_error = f"{kind.kind} {child_name}: {e.message}"
+                log.warning("apply of %s/%s refused: %s", kind.kind, child_name, e)
+                break
+            outcome.applied.append(f"{kind.kind}/{child_name} ({difference})")
+            if kind is DEPLOYMENT:
+                deployment_live = applied
+        if outcome.apply_error is None:
+            self._applied_replicas[(namespace, name)] = decision.replicas
+
+        measured = await self._measure_cold_start(namespace, name, deployment_live)
+        observed = Observed(
+            generation=generation,
+            desired_replicas=decision.replicas,
+            replica_reason=decision.reason,
+            autoscaling=autoscaling,
+            deployment=DeploymentObservation.from_object(deployment_live) if deployment_live else None,
+            invalid_spec=None,
+            apply_error=outcome.apply_error,
+            endpoint=self._settings.router_endpoint,
+            selector=names.selector_string(name),
+            measured_cold_start_s=measured,
+        )
+        await self._write_status(body, observed, live_status, outcome)
+        return outcome
+
+    async def _measure_cold_start(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> float | None:
+        if self._coldstart is None or self._settings.coldstart_pods_per_tick == 0 or deployment is None:
+            return None
+        if not ((deployment.get("status") or {}).get("readyReplicas") or 0):
+            return None
+        pods = await self._client.list(PODS, namespace, names.selector_string(name))
+        return await self._coldstart.latest(pods)
+
+    async def _write_status(
+        self, body: dict[str, Any], observed: Observed, live_status: dict[str, Any], outcome: Outcome
+    ) -> None:
+        plan = plan_status(observed, live_status, self._clock())
+        meta = body["metadata"]
+        if first_difference(plan.status, live_status) is not None:
+            try:
+                await self._client.patch_status(INFD, meta["namespace"], meta["name"], plan.status, FIELD_MANAGER)
+            except NotFound:
+                outcome.gone = True
+                return
+            outcome.status_written = True
+        for transition in plan.transitions:
+            cond = transition.condition
+            message = f"{cond.type} is {cond.status}: {cond.message}"
+            self._post_event(_object_ref(body), type=transition.event_type, reason=cond.reason, message=message)
+            outcome.events.append(f"{transition.event_type} {cond.reason}")
+
+    async def delete_children(self, namespace: str, name: str) -> list[str]:
+        """Delete every child (the Deployment first, so pods start draining at once)."""
+        deleted: list[str] = []
+        order = [DEPLOYMENT, *[k for k in reversed(CHILD_KINDS) if k is not DEPLOYMENT]]
+        for kind in order:
+            child_name = _child_name(kind, name)
+            if kind is SERVICE_MONITOR and not await self._serves_service_monitors():
+                continue
+            if await self._client.delete(ref_of(kind), namespace, child_name):
+                deleted.append(f"{kind.kind}/{child_name}")
+        self.forget(namespace, name)
+        return deleted
+
+
+def _child_name(kind: ChildKind, name: str) -> str:
+    if kind.kind == "ConfigMap":
+        return names.spec_configmap_name(name)
+    if kind.kind == "PodDisruptionBudget":
+        return names.pdb_name(name)
+    return names.engine_name(name)

@@ -1,0 +1,174 @@
+"""Pure renderers: an InferenceDeployment (+ the replica count) in, its child objects out.
+
+The operator applies exactly these dicts with server-side apply, and ``kvfleet plan`` prints them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kvfleet.spec import API_VERSION, KIND, InferenceDeploymentSpec
+
+from . import names
+from .pod import render_pod_template, startup_budget_s
+from .settings import OperatorSettings
+
+# Deployment rollouts wait for the whole startup budget before Kubernetes calls them stuck.
+PROGRESS_DEADLINE_SLACK_S = 120
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceDeployment children belong to; uid is None when rendering from a manifest."""
+
+    name: str
+    namespace: str
+    uid: str | None = None
+
+
+@dataclass(frozen=True)
+class ChildKind:
+    """What the API client needs to address a child: apiVersion, kind and the URL plural."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+
+DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments")
+SERVICE = ChildKind("v1", "Service", "services")
+CONFIGMAP = ChildKind("v1", "ConfigMap", "configmaps")
+PDB = ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+SERVICE_MONITOR = ChildKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
+CHILD_KINDS = (CONFIGMAP, SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR)
+
+
+def kind_of(obj: dict[str, Any]) -> ChildKind:
+    for kind in CHILD_KINDS:
+        if kind.api_version == obj["apiVersion"] and kind.kind == obj["kind"]:
+            return kind
+    raise ValueError(f"not a child kind: {obj['apiVersion']} {obj['kind']}")
+
+
+def _metadata(owner: Owner, name: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": owner.namespace, "labels": names.labels(owner.name)}
+    if owner.uid is not None:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return meta
+
+
+def spec_json(owner: Owner, spec: InferenceDeploymentSpec) -> str:
+    """The launcher's input (docs/contracts.md): the spec with defaults filled, camelCase."""
+    doc = {
+        "name": owner.name,
+        "namespace": owner.namespace,
+        "servedName": spec.served_name(owner.name),
+        "spec": spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def render_configmap(owner: Owner, spec: InferenceDeploymentSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": CONFIGMAP.api_version,
+        "kind": CONFIGMAP.kind,
+        "metadata": _metadata(owner, names.spec_configmap_name(owner.name)),
+        "data": {names.SPEC_FILE: spec_json(owner, spec)},
+    }
+
+
+def render_deployment(
+    owner: Owner, spec: InferenceDeploymentSpec, replicas: int, settings: OperatorSettings
+) -> dict[str, Any]:
+    return {
+        "apiVersion": DEPLOYMENT.api_version,
+        "kind": DEPLOYMENT.kind,
+        "metadata": _metadata(owner, names.engine_name(owner.name)),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": names.selector(owner.name)},
+            # Surge, never drop: a single-replica deployment keeps serving through a rollout. Without
+            # a spare GPU the surge pod stays Pending and the rollout reports Degraded.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": startup_budget_s(spec, settings) + PROGRESS_DEADLINE_SLACK_S,
+            "revisionHistoryLimit": 3,
+            "template": render_pod_template(owner.name, spec, settings),
+        },
+    }
+
+
+def render_service(owner: Owner, settings: OperatorSettings) -> dict[str, Any]:
+    return {
+        "apiVersion": SERVICE.api_version,
+        "kind": SERVICE.kind,
+        "metadata": _metadata(owner, names.engine_name(owner.name)),
+        "spec": {
+            # Headless: the router picks replicas itself from the EndpointSlices, so a virtual IP
+            # and kube-proxy balancing would only get in its way.
+            "clusterIP": "None",
+            "selector": names.selector(owner.name),
+            "ports": [
+                {"name": "http", "port": settings.engine_port, "targetPort": "http", "protocol": "TCP"},
+                {"name": "launcher", "port": settings.launcher_port, "targetPort": "launcher", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def render_pdb(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": PDB.api_version,
+        "kind": PDB.kind,
+        "metadata": _metadata(owner, names.pdb_name(owner.name)),
+        "spec": {
+            # maxUnavailable, not minAvailable: a one-replica deployment must not block node drains.
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": names.selector(owner.name)},
+        },
+    }
+
+
+def render_service_monitor(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": SERVICE_MONITOR.api_version,
+        "kind": SERVICE_MONITOR.kind,
+        "metadata": _metadata(owner, names.engine_name(owner.name)),
+        "spec": {
+            "selector": {"matchLabels": names.selector(owner.name)},
+            "endpoints": [
+                {"port": "http", "path": "/metrics", "interval": "15s"},
+                {"port": "launcher", "path": "/metrics", "interval": "30s"},
+            ],
+        },
+    }
+
+
+def render_children(
+    owner: Owner,
+    spec: InferenceDeploymentSpec,
+    replicas: int,
+    settings: OperatorSettings,
+    *,
+    service_monitor: bool,
+) -> list[dict[str, Any]]:
+    """Every child in apply order: the ConfigMap before the pods that mount it."""
+    children = [
+        render_configmap(owner, spec),
+        render_service(owner, settings),
+        render_deployment(owner, spec, replicas, settings),
+        render_pdb(owner),
+    ]
+    if service_monitor:
+        children.append(render_service_monitor(owner))
+    return children

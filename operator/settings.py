@@ -1,0 +1,103 @@
+"""The operator's one typed settings object: every knob with its unit, its bound and why the default."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from kvfleet.spec import EngineKind
+
+FIELD_MANAGER = "kvfleet-operator"
+# Prefix of kopf's own bookkeeping (finalizer, progress and diff-base annotations).
+KOPF_PREFIX = "kvfleet.io"
+FINALIZER = f"{KOPF_PREFIX}/operator"
+
+# Images built from engine_image/ (issue 8): the launcher is their entrypoint. A spec's
+# engine.image overrides them and must be such an image too (it runs `kvfleet engine launch`).
+DEFAULT_IMAGES: dict[EngineKind, str] = {
+    "vllm": "ghcr.io/kvfleet/engine-vllm:0.1.0",
+    "sglang": "ghcr.io/kvfleet/engine-sglang:0.1.0",
+    "reference": "ghcr.io/kvfleet/engine-cpu:0.1.0",
+}
+
+
+class OperatorSettings(BaseModel):
+    """Settings of ``kvfleet operator run``; the renderers read the pod-shaping ones."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # --- where the operator looks
+    namespaces: tuple[Annotated[str, StringConstraints(min_length=1, max_length=63)], ...] = Field(
+        default=(), max_length=64, description="Namespaces to watch; empty means cluster-wide."
+    )
+    # --- the shared router (installed by the chart) that status.endpoint points at
+    router_endpoint: Annotated[str, StringConstraints(pattern=r"^https?://[^\s]+$", max_length=512)] = Field(
+        default="http://kvfleet-router.kvfleet-system.svc:8000/v1",
+        description="OpenAI base URL of the shared router; written to status.endpoint.",
+    )
+    # --- images
+    images: dict[EngineKind, Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
+        default_factory=lambda: dict(DEFAULT_IMAGES), description="Default engine image per engine kind."
+    )
+    image_pull_policy: str = Field(default="IfNotPresent", pattern=r"^(Always|IfNotPresent|Never)$")
+    # --- ports (docs/contracts.md)
+    engine_port: int = Field(default=8000, ge=1, le=65535)
+    launcher_port: int = Field(default=9400, ge=1, le=65535)
+    # --- pod lifecycle
+    run_as_user: int = Field(default=1000, ge=1, le=2**31 - 1, description="Non-root UID of the engine images.")
+    startup_budget_factor: float = Field(
+        default=3.0,
+        ge=1.0,
+        le=20.0,
+        description="Startup probe budget = factor x the cold-start estimate: a cold node pulls weights "
+        "slower than the estimate's warm average.",
+    )
+    startup_budget_min_s: int = Field(default=300, ge=10, le=86_400, description="Floor of the startup budget.")
+    startup_budget_max_s: int = Field(
+        default=7200, ge=10, le=86_400, description="Ceiling: a pod that has not started in 2 h is broken."
+    )
+    default_cold_start_s: float = Field(
+        default=300.0, ge=1, le=7200, description="Cold-start estimate when the spec has no autoscaling section."
+    )
+    probe_period_s: int = Field(default=10, ge=1, le=300)
+    liveness_failure_threshold: int = Field(
+        default=6, ge=1, le=100, description="Liveness tolerates a busy engine for this many periods."
+    )
+    prestop_delay_s: int = Field(
+        default=10,
+        ge=0,
+        le=120,
+        description="Sleep before SIGTERM so the router sees the endpoint leave before the engine stops admitting.",
+    )
+    drain_timeout_s: int = Field(
+        default=600, ge=1, le=3600, description="Longest in-flight request the engine finishes after SIGTERM."
+    )
+    # --- reconcile loop
+    resync_interval_s: float = Field(
+        default=30.0, ge=0.2, le=3600, description="Timer that restores drifted children and refreshes status."
+    )
+    api_timeout_s: float = Field(default=30.0, gt=0, le=600, description="Timeout of one API request.")
+    retry_delay_s: float = Field(default=10.0, gt=0, le=600, description="Delay before kopf retries a failed apply.")
+    max_retries: int = Field(default=20, ge=0, le=1000, description="kopf retries of one change before giving up.")
+    coldstart_timeout_s: float = Field(default=2.0, gt=0, le=60, description="Timeout of one launcher /coldstart GET.")
+    coldstart_pods_per_tick: int = Field(
+        default=8, ge=0, le=1000, description="Launcher endpoints queried per deployment per resync (0 disables)."
+    )
+    # --- HA: kopf peering; the highest priority runs, the others stand by.
+    peering_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        default=None, description="ClusterKopfPeering object name; None runs standalone (one replica only)."
+    )
+    priority: int = Field(default=0, ge=0, le=2**31 - 1, description="kopf peering priority (unique per replica).")
+    peering_lifetime_s: int = Field(default=60, ge=5, le=3600, description="How long a silent peer is trusted.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> OperatorSettings:
+        if self.startup_budget_min_s > self.startup_budget_max_s:
+            raise ValueError("startup_budget_min_s must be <= startup_budget_max_s")
+        if self.engine_port == self.launcher_port:
+            raise ValueError("engine_port and launcher_port must differ")
+        return self
+
+    def image_for(self, kind: EngineKind) -> str:
+        return self.images.get(kind, DEFAULT_IMAGES[kind])

@@ -1,0 +1,137 @@
+"""``kvfleet router``: run the router from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from pydantic import ValidationError
+
+from kvfleet.router.replicas import ReplicaSource, StaticReplicaSource
+from kvfleet.router.settings import RouterSettings
+from kvfleet.router.wake import HttpWakeSignal, NoWakeSignal, WakeSignal
+from kvfleet.spec import RoutingSpec
+
+
+@click.group()
+def router() -> None:
+    """Run the OpenAI-compatible, prefix-aware router."""
+
+
+def load_settings(path: Path | None, overrides: dict[str, Any]) -> RouterSettings:
+    """Settings from a YAML/JSON file (snake_case fields), with command-line overrides on top."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise click.BadParameter(f"{path} must hold a mapping of settings", param_hint="--settings")
+        data.update(loaded)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return RouterSettings.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise click.BadParameter(problems, param_hint="settings") from None
+
+
+def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSource:
+    source = StaticReplicaSource()
+    counts: dict[str, int] = {}
+    for value in values:
+        model, sep, url = value.partition("=")
+        if not sep or not model or not url:
+            raise click.BadParameter(f"{value!r}: expected MODEL=URL", param_hint="--replica")
+        if model not in counts:
+            source.set_deployment(model, routing=RoutingSpec(strategy=strategy))
+        counts[model] = counts.get(model, 0) + 1
+        try:
+            source.add(model, f"{model}-{counts[model] - 1}", url.rstrip("/"))
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--replica") from None
+    return source
+
+
+@router.command()
+@click.option("--host", default=None, help="Listen address [default: 127.0.0.1; 0.0.0.0 in a pod].")
+@click.option("--port", type=int, default=None, help="Listen port [default: 8080].")
+@click.option(
+    "--settings",
+    "settings_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML or JSON file with RouterSettings fields.",
+)
+@click.option("--replica", "replicas", multiple=True, help="MODEL=URL of a fixed replica (repeat); static discovery.")
+@click.option(
+    "--strategy",
+    type=click.Choice(["prefix", "least-load", "round-robin"]),
+    default="prefix",
+    show_default=True,
+    help="Routing strategy for --replica models.",
+)
+@click.option("--kubernetes", is_flag=True, help="Discover InferenceDeployments and EndpointSlices in the cluster.")
+@click.option("--namespace", default=None, help="With --kubernetes: watch one namespace (default: all).")
+@click.option("--kube-server", default=None, help="With --kubernetes: API server URL without auth (kubectl proxy).")
+@click.option("--kubeconfig", default=None, help="With --kubernetes: kubeconfig file instead of in-cluster config.")
+@click.option("--autoscaler-url", default=None, help="Autoscaler base URL for wake signals (POST /v1/wake).")
+@click.option("--log-level", default="INFO", show_default=True)
+def serve(
+    host: str | None,
+    port: int | None,
+    settings_file: Path | None,
+    replicas: tuple[str, ...],
+    strategy: str,
+    kubernetes: bool,
+    namespace: str | None,
+    kube_server: str | None,
+    kubeconfig: str | None,
+    autoscaler_url: str | None,
+    log_level: str,
+) -> None:
+    """Serve the OpenAI API and route each request to a replica of its model."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings(settings_file, {"host": host, "port": port})
+    if kubernetes == bool(replicas):
+        raise click.UsageError("give either --kubernetes or one or more --replica MODEL=URL")
+    source: ReplicaSource
+    if kubernetes:
+        from kvfleet.router.kubernetes_source import KubeApi, KubernetesReplicaSource
+
+        if kube_server:
+            api = KubeApi(server=kube_server)
+        elif kubeconfig:
+            api = KubeApi.from_kubeconfig(kubeconfig)
+        else:
+            api = KubeApi.in_cluster()
+        source = KubernetesReplicaSource(api, namespace=namespace)
+    else:
+        source = parse_replicas(replicas, strategy)
+    wake: WakeSignal = NoWakeSignal()
+    if autoscaler_url:
+        wake = HttpWakeSignal(autoscaler_url, timeout_s=settings.wake_timeout_s)
+    sys.exit(asyncio.run(_serve(settings, source, wake)))
+
+
+async def _serve(settings: RouterSettings, source: ReplicaSource, wake: WakeSignal) -> int:
+    from kvfleet.router.server import RouterServer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = RouterServer(settings, source, wake)
+    await server.start()
+    click.echo(f"kvfleet router listening on {server.url}", err=True)
+    try:
+        await stop.wait()
+    finally:
+        # Stop accepting, let in-flight requests finish (up to shutdown_timeout_s), then close.
+        await server.stop()
+        if isinstance(wake, HttpWakeSignal):
+            await wake.close()
+    return 0

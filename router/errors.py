@@ -1,0 +1,75 @@
+"""The router's error tree, following how a request fails. Each error knows the HTTP answer it becomes;
+the proxy translates them once, at its boundary."""
+
+from __future__ import annotations
+
+
+class RouterError(Exception):
+    """A request the router answers itself, with ``status``, an OpenAI-style ``kind`` and a reason."""
+
+    status = 500
+    kind = "internal_error"
+
+    def __init__(self, reason: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class BadRequestError(RouterError):
+    """The request itself is wrong (malformed JSON, no model, wrong field types): 400."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+
+class PayloadTooLargeError(RouterError):
+    """The body is over the router's size limit: 413 (refused before it is read whole)."""
+
+    status = 413
+    kind = "request_too_large"
+
+
+class ModelNotFoundError(RouterError):
+    """No deployment serves the requested model: 404."""
+
+    status = 404
+    kind = "model_not_found"
+
+
+class QueueFullError(RouterError):
+    """No replica is ready and the model's hold queue is at maxQueue: 429."""
+
+    status = 429
+    kind = "queue_full"
+
+
+class QueueTimeoutError(RouterError):
+    """A held request waited maxQueueWaitSeconds without a replica turning ready: 503."""
+
+    status = 503
+    kind = "no_replica_ready"
+
+
+class UpstreamError(RouterError):
+    """Every attempt failed before the first response byte (refused, reset, 503 from draining): 502."""
+
+    status = 502
+    kind = "upstream_unavailable"
+
+
+class UpstreamAttemptError(Exception):
+    """One attempt on one replica failed before any byte reached the client, so it may be retried."""
+
+    def __init__(self, replica_id: str, reason: str) -> None:
+        super().__init__(f"{replica_id}: {reason}")
+        self.replica_id = replica_id
+        self.reason = reason
+
+
+class GatewayTimeoutError(RouterError):
+    """The replica accepted the request but sent no response headers in time: 504 (not retried, the
+    replica may still be working on it)."""
+
+    status = 504
+    kind = "upstream_timeout"

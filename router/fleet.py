@@ -1,0 +1,263 @@
+"""The router's live view of its deployments: replicas with their in-flight counts, the prefix index,
+outlier ejection, and the hold queue. ``acquire`` picks a replica (holding the request while the
+model has none), ``Lease.release`` reports how the attempt went."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvfleet.router.activator import HoldQueue
+from kvfleet.router.errors import ModelNotFoundError
+from kvfleet.router.metrics import RouterMetrics
+from kvfleet.router.outlier import OutlierDetector
+from kvfleet.router.picking import Candidate, Pick, PickRequest, Strategy, build_strategy
+from kvfleet.router.prefix_index import PrefixIndex
+from kvfleet.router.replicas import DeploymentView, Endpoint, Snapshot
+from kvfleet.router.settings import RouterSettings
+from kvfleet.router.wake import WakeError, WakeSignal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Replica:
+    endpoint: Endpoint
+    inflight: int = 0
+
+
+@dataclass
+class _Model:
+    view: DeploymentView
+    index: PrefixIndex
+    strategy: Strategy
+    queue: HoldQueue
+    replicas: dict[str, _Replica] = field(default_factory=dict)
+
+
+@dataclass
+class Lease:
+    """One attempt's hold on a replica; release it exactly once."""
+
+    model: str
+    replica_id: str
+    url: str
+    pick: Pick
+    _fleet: Fleet
+    _released: bool = False
+
+    def release(self, outcome: str) -> None:
+        """``ok``: the replica answered; ``failed``: it failed before the first byte; ``aborted``: neither."""
+        if self._released:
+            return
+        self._released = True
+        self._fleet._release(self, outcome)
+
+
+class Fleet:
+    """Implements ``FleetSink``; every method runs on the event loop's thread."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        wake: WakeSignal,
+        metrics: RouterMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._wake = wake
+        self._metrics = metrics
+        self._clock = clock
+        self._models: dict[str, _Model] = {}
+        self._outliers = OutlierDetector(
+            failures_to_eject=settings.eject_after_failures,
+            base_ejection_s=settings.eject_base_s,
+            max_ejection_s=max(settings.eject_max_s, settings.eject_base_s),
+        )
+        self._wake_tasks: dict[str, asyncio.Task[None]] = {}
+        self.applied = asyncio.Event()
+
+    # -- FleetSink -------------------------------------------------------------------------------
+
+    def apply(self, snapshot: Snapshot) -> None:
+        for served_name in [m for m in self._models if m not in snapshot]:
+            gone = self._models.pop(served_name)
+            for replica_id in gone.replicas:
+                self._outliers.forget(replica_id)
+                self._metrics.forget_replica(served_name, replica_id)
+            gone.queue.release_all()  # waiters look again and find the model gone: 404
+            self._metrics.forget_model(served_name)
+        for served_name, view in snapshot.items():
+            found = self._models.get(served_name)
+            if found is None:
+                index = PrefixIndex(self._settings.prefix_index_blocks_per_replica)
+                model = _Model(
+                    view=view,
+                    index=index,
+                    strategy=self._strategy(view, index),
+                    queue=HoldQueue(
+                        served_name, max_waiting=view.routing.max_queue, retry_after_s=self._settings.retry_after_s
+                    ),
+                )
+                self._models[served_name] = model
+                self._metrics.queue_depth.labels(served_name).set(0)
+            else:
+                model = found
+            if model.view.routing != view.routing:
+                model.strategy = self._strategy(view, model.index)
+                model.queue.max_waiting = view.routing.max_queue
+            model.view = view
+            self._apply_endpoints(served_name, model, view.endpoints)
+            if any(not r.endpoint.draining for r in model.replicas.values()):
+                model.queue.release_all()
+        self.applied.set()
+
+    def _apply_endpoints(self, served_name: str, model: _Model, endpoints: Sequence[Endpoint]) -> None:
+        wanted = {e.replica_id: e for e in endpoints}
+        for replica_id in [r for r in model.replicas if r not in wanted]:
+            # In-flight requests to it hold their own URL and finish; only the router's memory of it goes.
+            del model.replicas[replica_id]
+            self._outliers.forget(replica_id)
+            self._metrics.forget_replica(served_name, replica_id)
+        for replica_id, endpoint in wanted.items():
+            replica = model.replicas.get(replica_id)
+            if replica is None:
+                model.replicas[replica_id] = _Replica(endpoint)
+                self._metrics.inflight.labels(served_name, replica_id).set(0)
+            elif replica.endpoint != endpoint:
+                if replica.endpoint.url != endpoint.url:
+                    model.index.forget(replica_id)  # a new process behind the same id has a cold cache
+                replica.endpoint = endpoint
+            model.index.set_capacity(replica_id, endpoint.kv_capacity_blocks)
+        model.index.retain(wanted)
+
+    def _strategy(self, view: DeploymentView, index: PrefixIndex) -> Strategy:
+        return build_strategy(view.routing, index, load_penalty=self._settings.load_penalty)
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def models(self) -> list[DeploymentView]:
+        return [m.view for m in self._models.values()]
+
+    def view(self, served_name: str) -> DeploymentView | None:
+        model = self._models.get(served_name)
+        return model.view if model else None
+
+    def routing_block_chars(self, served_name: str) -> int:
+        model = self._models.get(served_name)
+        if model is None:
+            raise ModelNotFoundError(f"model {served_name!r} is not served here")
+        return model.view.routing.prefix_block_chars
+
+    def inflight(self, served_name: str) -> dict[str, int]:
+        model = self._models.get(served_name)
+        return {r: rep.inflight for r, rep in model.replicas.items()} if model else {}
+
+    def queue_depth(self, served_name: str) -> int:
+        model = self._models.get(served_name)
+        return len(model.queue) if model else 0
+
+    def index_entries(self, served_name: str | None = None) -> int:
+        if served_name is not None:
+            model = self._models.get(served_name)
+            return model.index.entries() if model else 0
+        return sum(m.index.entries() for m in self._models.values())
+
+    def index(self, served_name: str) -> PrefixIndex | None:
+        model = self._models.get(served_name)
+        return model.index if model else None
+
+    # -- acquire / release -----------------------------------------------------------------------
+
+    async def acquire(self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()) -> Lease:
+        """A replica for one attempt, holding the request while the model has none ready."""
+        model = self._require(served_name)
+        deadline_s = self._clock() + model.view.routing.max_queue_wait_seconds
+        while True:
+            now_s = self._clock()
+            candidates = [
+                Candidate(
+                    replica_id=r,
+                    inflight=rep.inflight,
+                    draining=rep.endpoint.draining,
+                    ejected=self._outliers.is_ejected(r, now_s),
+                )
+                for r, rep in model.replicas.items()
+            ]
+            pick = model.strategy.pick(candidates, PickRequest(hashes, exclude))
+            if pick is not None:
+                return self._lease(served_name, model, pick, hashes)
+            # No replica takes new requests (none yet, or all draining): hold the request, wake the autoscaler.
+            self._start_wake(served_name)
+            self._metrics.queue_depth.labels(served_name).set(len(model.queue) + 1)
+            try:
+                await model.queue.wait(deadline_s - now_s)
+            finally:
+                self._metrics.queue_depth.labels(served_name).set(len(model.queue))
+            model = self._require(served_name)
+
+    def _lease(self, served_name: str, model: _Model, pick: Pick, hashes: Sequence[int]) -> Lease:
+        replica = model.replicas[pick.replica_id]
+        model.index.record(pick.replica_id, hashes)  # learn only after the pick
+        replica.inflight += 1
+        self._metrics.inflight.labels(served_name, pick.replica_id).set(replica.inflight)
+        self._metrics.prefix_match.labels(served_name).observe(pick.match_ratio)
+        log.debug("pick %s", pick.reason)
+        return Lease(served_name, pick.replica_id, replica.endpoint.url, pick, self)
+
+    def _release(self, lease: Lease, outcome: str) -> None:
+        if outcome == "ok":
+            self._outliers.record_success(lease.replica_id)
+        elif outcome == "failed":
+            ejected_s = self._outliers.record_failure(lease.replica_id, self._clock())
+            if ejected_s is not None:
+                log.warning("replica %s of %s ejected for %.1fs", lease.replica_id, lease.model, ejected_s)
+        model = self._models.get(lease.model)
+        replica = model.replicas.get(lease.replica_id) if model else None
+        if replica is None:
+            return  # the replica (or model) left while this request was in flight
+        replica.inflight = max(0, replica.inflight - 1)
+        self._metrics.inflight.labels(lease.model, lease.replica_id).set(replica.inflight)
+
+    def _require(self, served_name: str) -> _Model:
+        model = self._models.get(served_name)
+        if model is None:
+            raise ModelNotFoundError(f"model {served_name!r} is not served here")
+        return model
+
+    # -- wake ------------------------------------------------------------------------------------
+
+    def _start_wake(self, served_name: str) -> None:
+        """Signal the autoscaler now, and again every ``wake_min_interval_s`` while requests wait."""
+        task = self._wake_tasks.get(served_name)
+        if task is not None and not task.done():
+            return
+        self._wake_tasks[served_name] = asyncio.get_running_loop().create_task(self._wake_loop(served_name))
+
+    def _needs_wake(self, served_name: str) -> DeploymentView | None:
+        model = self._models.get(served_name)
+        if model is None or not len(model.queue):
+            return None
+        if any(not r.endpoint.draining for r in model.replicas.values()):
+            return None
+        return model.view
+
+    async def _wake_loop(self, served_name: str) -> None:
+        await asyncio.sleep(0)  # let the request that started this enter the queue
+        while (view := self._needs_wake(served_name)) is not None:
+            try:
+                await asyncio.wait_for(self._wake.wake(view.namespace, view.name), self._settings.wake_timeout_s)
+            except (WakeError, TimeoutError) as e:
+                log.warning("wake signal for %s/%s failed: %s", view.namespace, view.name, e)
+            await asyncio.sleep(self._settings.wake_min_interval_s)
+
+    async def close(self) -> None:
+        tasks = list(self._wake_tasks.values())
+        self._wake_tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,218 @@
+"""Replica picking as small parts: filters narrow the candidates, scorers rate them, a picker chooses.
+
+Contracts:
+- A ``Filter`` returns a subset of its input. A ``required`` filter that leaves none means there is no
+  candidate at all; any other filter that leaves none is skipped (the fallback is the next best).
+- A ``Scorer`` is read-only and returns a score in [0, 1] per candidate (higher is better).
+- A ``Picker`` chooses one candidate given the weighted total scores.
+Nothing here does I/O or reads a clock: the fleet passes in each replica's in-flight count and state,
+and records the pick in the prefix index only after this returns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvfleet.router.prefix_index import PrefixIndex
+from kvfleet.spec import RoutingSpec
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One replica as the picker sees it."""
+
+    replica_id: str
+    inflight: int
+    draining: bool = False
+    ejected: bool = False
+
+
+@dataclass(frozen=True)
+class PickRequest:
+    """What is being routed: the prompt's block hashes, and replicas this request already failed on."""
+
+    hashes: Sequence[int] = ()
+    exclude: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The chosen replica and why."""
+
+    replica_id: str
+    matched_blocks: int
+    total_blocks: int
+    reason: str
+
+    @property
+    def match_ratio(self) -> float:
+        return self.matched_blocks / self.total_blocks if self.total_blocks else 0.0
+
+
+class Filter(Protocol):
+    name: str
+    required: bool
+
+    def filter(self, candidates: Sequence[Candidate], request: PickRequest) -> list[Candidate]: ...
+
+
+class Scorer(Protocol):
+    name: str
+
+    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]: ...
+
+
+class Picker(Protocol):
+    def pick(self, candidates: Sequence[Candidate], scores: Mapping[str, float]) -> Candidate: ...
+
+
+class RoutableFilter:
+    """Drops draining replicas; prefers replicas this request has not failed on, then ones not ejected.
+
+    Preferences fall back rather than empty the set: a request that failed on every replica may try
+    one again (a stale keep-alive connection fails once and then works), and when every replica is
+    ejected the ejected ones are kept (panic mode, as Envoy does). Only draining is absolute.
+    """
+
+    name = "routable"
+    required = True
+
+    def filter(self, candidates: Sequence[Candidate], request: PickRequest) -> list[Candidate]:
+        live = [c for c in candidates if not c.draining]
+        fresh = [c for c in live if c.replica_id not in request.exclude] or live
+        return [c for c in fresh if not c.ejected] or fresh
+
+
+@dataclass
+class BoundedLoadFilter:
+    """Keeps replicas whose in-flight count, with this request added, stays within ``bound`` x the mean.
+
+    The cap is ``ceil(bound * (total_inflight + 1) / n)`` over the routable replicas: the least-loaded
+    replica always fits (its load is at most the mean), so the filter never empties a non-empty set.
+    """
+
+    bound: float
+    name: str = "bounded-load"
+    required: bool = False
+
+    def cap(self, candidates: Sequence[Candidate]) -> int:
+        total = sum(c.inflight for c in candidates) + 1
+        return max(1, math.ceil(self.bound * total / max(1, len(candidates)) - 1e-9))
+
+    def filter(self, candidates: Sequence[Candidate], request: PickRequest) -> list[Candidate]:
+        cap = self.cap(candidates)
+        return [c for c in candidates if c.inflight + 1 <= cap]
+
+
+@dataclass
+class PrefixScorer:
+    """Fraction of the prompt's leading blocks the replica holds, by the prefix index."""
+
+    index: PrefixIndex
+    name: str = "prefix"
+
+    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
+        n = len(request.hashes)
+        if n == 0:
+            return {c.replica_id: 0.0 for c in candidates}
+        return {c.replica_id: self.index.matched_blocks(c.replica_id, request.hashes) / n for c in candidates}
+
+
+class LoadScorer:
+    """1 for an idle replica, falling towards 0 as its in-flight count nears the busiest candidate's."""
+
+    name = "load"
+
+    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
+        busiest = max((c.inflight for c in candidates), default=0)
+        return {c.replica_id: 1.0 - c.inflight / (busiest + 1) for c in candidates}
+
+
+@dataclass
+class MaxScorePicker:
+    """Highest total score; ties go to the fewest in-flight, then rotate so equals share the work."""
+
+    _turn: int = 0
+
+    def pick(self, candidates: Sequence[Candidate], scores: Mapping[str, float]) -> Candidate:
+        best = max(scores[c.replica_id] for c in candidates)
+        top = [c for c in candidates if scores[c.replica_id] >= best - 1e-12]
+        least = min(c.inflight for c in top)
+        tied = sorted((c for c in top if c.inflight == least), key=lambda c: c.replica_id)
+        self._turn += 1
+        return tied[self._turn % len(tied)]
+
+
+@dataclass
+class RoundRobinPicker:
+    """Each candidate in turn, ignoring scores."""
+
+    _turn: int = 0
+
+    def pick(self, candidates: Sequence[Candidate], scores: Mapping[str, float]) -> Candidate:
+        ordered = sorted(candidates, key=lambda c: c.replica_id)
+        chosen = ordered[self._turn % len(ordered)]
+        self._turn += 1
+        return chosen
+
+
+@dataclass
+class Strategy:
+    """Filters, weighted scorers and a picker, run in that order."""
+
+    name: str
+    index: PrefixIndex
+    filters: list[Filter]
+    scorers: list[tuple[Scorer, float]]
+    picker: Picker
+    notes: list[str] = field(default_factory=list)
+
+    def pick(self, candidates: Sequence[Candidate], request: PickRequest) -> Pick | None:
+        """The replica to send ``request`` to, or None when there is no candidate at all."""
+        remaining = list(candidates)
+        if not remaining:
+            return None
+        dropped: list[str] = []
+        for f in self.filters:
+            kept = f.filter(remaining, request)
+            if not kept and f.required:
+                return None
+            if not kept:
+                dropped.append(f"{f.name}: kept all {len(remaining)} (filter left none)")
+                continue
+            if len(kept) < len(remaining):
+                gone = sorted({c.replica_id for c in remaining} - {c.replica_id for c in kept})
+                dropped.append(f"{f.name}: dropped {','.join(gone)}")
+            remaining = kept
+        totals = {c.replica_id: 0.0 for c in remaining}
+        for scorer, weight in self.scorers:
+            for replica_id, s in scorer.score(remaining, request).items():
+                totals[replica_id] += weight * s
+        chosen = self.picker.pick(remaining, totals)
+        matched = self.index.matched_blocks(chosen.replica_id, request.hashes)
+        reason = (
+            f"{self.name}: {chosen.replica_id} matched {matched}/{len(request.hashes)} blocks, "
+            f"in-flight {chosen.inflight}, score {totals[chosen.replica_id]:.3f}"
+        )
+        if dropped:
+            reason += "; " + "; ".join(dropped)
+        return Pick(chosen.replica_id, matched, len(request.hashes), reason)
+
+
+def build_strategy(routing: RoutingSpec, index: PrefixIndex, *, load_penalty: float) -> Strategy:
+    """The strategy a deployment's ``spec.routing`` asks for."""
+    routable = RoutableFilter()
+    if routing.strategy == "round-robin":
+        return Strategy("round-robin", index, [routable], [], RoundRobinPicker())
+    if routing.strategy == "least-load":
+        return Strategy("least-load", index, [routable], [(LoadScorer(), 1.0)], MaxScorePicker())
+    return Strategy(
+        "prefix",
+        index,
+        [routable, BoundedLoadFilter(routing.load_imbalance_bound)],
+        [(PrefixScorer(index), 1.0), (LoadScorer(), load_penalty)],
+        MaxScorePicker(),
+    )

@@ -1,0 +1,87 @@
+"""Which prompt blocks each replica probably holds in its KV cache: one bounded LRU of block hashes per replica.
+
+The index only learns after a pick (``record``); scoring (``matched_blocks``) is read-only, so asking
+about a replica never changes what the index believes. Each replica's LRU is bounded by an estimate
+of its KV capacity, and a replica that leaves is forgotten, so memory is bounded by
+``replicas x capacity`` however many distinct prompts pass through.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+
+class PrefixIndex:
+    """Per-replica LRU sets of chained block hashes (see ``kvfleet.router.prompt.block_hashes``)."""
+
+    def __init__(self, default_capacity_blocks: int) -> None:
+        if default_capacity_blocks < 1:
+            raise ValueError(f"default_capacity_blocks must be >= 1, got {default_capacity_blocks}")
+        self._default_capacity = default_capacity_blocks
+        self._capacity: dict[str, int] = {}
+        self._lru: dict[str, OrderedDict[int, None]] = {}
+
+    def set_capacity(self, replica_id: str, capacity_blocks: int | None) -> None:
+        """Bound one replica's LRU by its own KV capacity estimate (None: the default)."""
+        if capacity_blocks is None:
+            self._capacity.pop(replica_id, None)
+        else:
+            if capacity_blocks < 1:
+                raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+            self._capacity[replica_id] = capacity_blocks
+        lru = self._lru.get(replica_id)
+        if lru is not None:
+            self._evict(replica_id, lru)
+
+    def capacity(self, replica_id: str) -> int:
+        return self._capacity.get(replica_id, self._default_capacity)
+
+    def matched_blocks(self, replica_id: str, hashes: Sequence[int]) -> int:
+        """How many leading blocks of the prompt the replica holds (read-only)."""
+        lru = self._lru.get(replica_id)
+        if not lru:
+            return 0
+        matched = 0
+        for h in hashes:
+            if h not in lru:
+                break
+            matched += 1
+        return matched
+
+    def record(self, replica_id: str, hashes: Sequence[int]) -> None:
+        """The prompt was sent to the replica: its blocks are now the most recently used there."""
+        lru = self._lru.setdefault(replica_id, OrderedDict())
+        # Last block first, so the first (most shared) block ends most recent and tails are evicted first,
+        # the order an engine's prefix cache frees blocks in.
+        for h in reversed(hashes):
+            lru[h] = None
+            lru.move_to_end(h)
+        self._evict(replica_id, lru)
+
+    def forget(self, replica_id: str) -> None:
+        """The replica left: drop everything known about it."""
+        self._lru.pop(replica_id, None)
+        self._capacity.pop(replica_id, None)
+
+    def retain(self, replica_ids: Iterable[str]) -> None:
+        """Forget every replica not in ``replica_ids``."""
+        keep = set(replica_ids)
+        for replica_id in [r for r in self._lru if r not in keep]:
+            self.forget(replica_id)
+        for replica_id in [r for r in self._capacity if r not in keep]:
+            self._capacity.pop(replica_id, None)
+
+    def entries(self, replica_id: str | None = None) -> int:
+        """Block hashes held (for one replica, or in total)."""
+        if replica_id is not None:
+            return len(self._lru.get(replica_id, ()))
+        return sum(len(lru) for lru in self._lru.values())
+
+    def replicas(self) -> list[str]:
+        return sorted(self._lru)
+
+    def _evict(self, replica_id: str, lru: OrderedDict[int, None]) -> None:
+        capacity = self.capacity(replica_id)
+        while len(lru) > capacity:
+            lru.popitem(last=False)

@@ -1,0 +1,272 @@
+"""The OpenAI-compatible HTTP surface: parse and check the request, pick a replica, forward it, and relay
+the answer chunk by chunk. Router errors are translated to HTTP answers here, once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from kvfleet.router.errors import (
+    BadRequestError,
+    GatewayTimeoutError,
+    PayloadTooLargeError,
+    RouterError,
+    UpstreamAttemptError,
+    UpstreamError,
+)
+from kvfleet.router.fleet import Fleet, Lease
+from kvfleet.router.metrics import RouterMetrics
+from kvfleet.router.prompt import block_hashes, render_prompt
+from kvfleet.router.settings import RouterSettings
+from kvfleet.router.sse import EventSplitter, error_event
+
+log = logging.getLogger(__name__)
+
+# Per-connection headers (RFC 9110 7.6.1) and the ones aiohttp computes itself.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "host",
+        "server",
+        "date",
+    }
+)
+# The HTTP code counted for a request whose client went away before the answer (nginx's convention).
+CLIENT_CLOSED = 499
+
+
+def error_response(error: RouterError) -> web.Response:
+    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
+    body = {"error": {"message": error.reason, "type": error.kind, "code": error.status}}
+    return web.json_response(body, status=error.status, headers=headers)
+
+
+def parse_body(raw: bytes) -> tuple[dict[str, Any], str]:
+    """The request object and its ``model``; ``BadRequestError`` naming what is wrong otherwise."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequestError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequestError("'model' is required and must be a non-empty string")
+    return body, model
+
+
+class Proxy:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        fleet: Fleet,
+        metrics: RouterMetrics,
+        session: Callable[[], aiohttp.ClientSession],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._fleet = fleet
+        self._metrics = metrics
+        self._session = session
+        self._clock = clock
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.idle_read_timeout_s
+        )
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/completions", self.inference)
+        app.router.add_post("/v1/chat/completions", self.inference)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+
+    # -- small endpoints -----------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": view.served_name, "object": "model", "owned_by": "kvfleet", "root": view.name}
+            for view in sorted(self._fleet.models(), key=lambda v: v.served_name)
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- inference -----------------------------------------------------------------------------
+
+    async def inference(self, request: web.Request) -> web.StreamResponse:
+        started_s = self._clock()
+        model_label = ""  # only known served names become label values
+        code = 500
+        try:
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise PayloadTooLargeError(
+                    f"request body is larger than the router's limit of {self._settings.max_body_bytes} bytes"
+                ) from None
+            body, model = parse_body(raw)
+            block_chars = self._fleet.routing_block_chars(model)
+            model_label = model
+            hashes = block_hashes(
+                render_prompt(body),
+                model=model,
+                block_chars=block_chars,
+                max_blocks=self._settings.max_prompt_blocks,
+            )
+            response = await self._forward(request, model, raw, hashes, started_s)
+            code = response.status
+            return response
+        except RouterError as e:
+            code = e.status
+            if e.status >= 500:
+                log.warning("%s %s: %s", request.path, model_label or "-", e.reason)
+            return error_response(e)
+        except asyncio.CancelledError:
+            code = CLIENT_CLOSED
+            raise
+        finally:
+            self._metrics.requests.labels(model_label, str(code)).inc()
+
+    async def _forward(
+        self, request: web.Request, model: str, raw: bytes, hashes: list[int], started_s: float
+    ) -> web.StreamResponse:
+        headers = _forward_headers(request)
+        tried: set[str] = set()
+        failures: list[str] = []
+        for attempt in range(self._settings.max_attempts):
+            lease = await self._fleet.acquire(model, hashes, frozenset(tried))
+            if attempt:
+                self._metrics.retries.labels(model).inc()
+            try:
+                upstream, first = await self._attempt(lease, request.path_qs, raw, headers)
+            except UpstreamAttemptError as e:
+                lease.release("failed")
+                tried.add(lease.replica_id)
+                failures.append(str(e))
+                continue
+            except BaseException:
+                lease.release("aborted")
+                raise
+            return await self._relay(request, model, lease, upstream, first, started_s)
+        raise UpstreamError(
+            f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
+        )
+
+    async def _attempt(
+        self, lease: Lease, path_qs: str, raw: bytes, headers: CIMultiDict[str]
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """Send the request and read its first body bytes: everything here may still be retried."""
+        try:
+            upstream = await self._session().post(lease.url + path_qs, data=raw, headers=headers, timeout=self._timeout)
+        except aiohttp.ClientConnectionError as e:  # refused, reset, disconnected before the headers
+            raise UpstreamAttemptError(lease.replica_id, f"{type(e).__name__}: {e}") from e
+        except TimeoutError as e:
+            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
+        try:
+            if upstream.status == 503:
+                # Draining or still loading: nothing was done, try another replica.
+                raise UpstreamAttemptError(lease.replica_id, "answered 503 (draining or not ready)")
+            first = await upstream.content.readany()
+        except aiohttp.ClientConnectionError as e:
+            upstream.close()
+            raise UpstreamAttemptError(lease.replica_id, f"broke before the first byte: {e!r}") from e
+        except TimeoutError as e:
+            upstream.close()
+            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response body in time") from e
+        except BaseException:
+            upstream.close()
+            raise
+        return upstream, first
+
+    async def _relay(
+        self,
+        request: web.Request,
+        model: str,
+        lease: Lease,
+        upstream: aiohttp.ClientResponse,
+        first: bytes,
+        started_s: float,
+    ) -> web.StreamResponse:
+        """Pass the replica's answer to the client as it arrives; the request is committed now."""
+        outcome = "aborted"
+        clean_end = False
+        try:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for name, value in upstream.headers.items():
+                if name.lower() not in _HOP_BY_HOP:
+                    response.headers.add(name, value)
+            is_sse = upstream.content_type == "text/event-stream"
+            if upstream.content_length is not None and not is_sse:
+                response.content_length = upstream.content_length
+            response.headers["X-Kvfleet-Replica"] = lease.replica_id
+            await response.prepare(request)
+            self._metrics.ttft.labels(model).observe(self._clock() - started_s)
+            splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
+            chunk = first
+            try:
+                while chunk:
+                    out = splitter.feed(chunk) if splitter else chunk
+                    if out:
+                        await response.write(out)
+                    chunk = await upstream.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as e:
+                outcome = "failed"
+                log.warning("replica %s broke a started response: %r", lease.replica_id, e)
+                if splitter is None:
+                    # A plain body cannot carry an error now: abort the connection so the client sees a
+                    # truncated transfer instead of a short body that looks complete.
+                    raise _AbortConnection from e
+                splitter.discard()
+                await response.write(error_event(f"replica {lease.replica_id} failed mid-stream: {e!r}"))
+                await response.write_eof()
+                return response
+            if splitter is not None and (rest := splitter.flush()):
+                await response.write(rest)
+            await response.write_eof()
+            outcome = "ok"
+            clean_end = True
+            return response
+        finally:
+            if clean_end:
+                upstream.release()  # fully read: the connection goes back to the keep-alive pool
+            else:
+                upstream.close()  # client gone or replica broke: close, so the replica stops generating
+            lease.release(outcome)
+
+
+class _AbortConnection(Exception):
+    """Raised after the response started, so aiohttp drops the connection instead of ending it cleanly."""
+
+
+def _forward_headers(request: web.Request) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in request.headers.items():
+        if name.lower() not in _HOP_BY_HOP:
+            headers.add(name, value)
+    peer = request.remote or ""
+    prior = request.headers.get("X-Forwarded-For")
+    headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    return headers

@@ -1,0 +1,138 @@
+"""Replica discovery: what deployments exist and which of their replicas may take requests.
+
+A ``ReplicaSource`` pushes whole snapshots (served name -> ``DeploymentView``) into a ``FleetSink``;
+the fleet diffs them. Whole snapshots keep sources simple and make a missed event impossible: the
+next snapshot is always the full truth. Two sources exist: ``StaticReplicaSource`` (local mode and
+tests drive it with add / remove / mark_draining) and the Kubernetes one in ``kubernetes_source``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from kvfleet.spec import RoutingSpec
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One replica: a stable id (pod name in Kubernetes), its base URL, and whether it is draining."""
+
+    replica_id: str
+    url: str
+    draining: bool = False
+    kv_capacity_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+            raise ValueError(f"replica {self.replica_id!r}: url must be http(s)://host:port, got {self.url!r}")
+        if parts.path not in ("", "/") or parts.query:
+            raise ValueError(f"replica {self.replica_id!r}: url must have no path or query, got {self.url!r}")
+        if not self.replica_id or len(self.replica_id) > 253:
+            raise ValueError("replica_id must be 1-253 characters")
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    """One served model: which InferenceDeployment it is (for the wake signal), routing, and replicas."""
+
+    served_name: str
+    namespace: str
+    name: str
+    routing: RoutingSpec
+    endpoints: tuple[Endpoint, ...] = ()
+
+
+Snapshot = Mapping[str, DeploymentView]
+
+
+class FleetSink(Protocol):
+    def apply(self, snapshot: Snapshot) -> None:
+        """Replace the known deployments and replicas with ``snapshot`` (keyed by served name)."""
+
+
+class ReplicaSource(Protocol):
+    async def start(self, sink: FleetSink) -> None:
+        """Begin feeding ``sink``; returns once the first snapshot has been applied."""
+
+    async def stop(self) -> None:
+        """Stop feeding; idempotent."""
+
+
+class StaticReplicaSource:
+    """Deployments and replicas set by the caller (local mode's process actuator, tests, the CLI)."""
+
+    def __init__(self, deployments: Iterable[DeploymentView] = ()) -> None:
+        self._deployments: dict[str, DeploymentView] = {d.served_name: d for d in deployments}
+        self._sink: FleetSink | None = None
+
+    async def start(self, sink: FleetSink) -> None:
+        self._sink = sink
+        self._publish()
+
+    async def stop(self) -> None:
+        self._sink = None
+
+    def snapshot(self) -> dict[str, DeploymentView]:
+        return dict(self._deployments)
+
+    def set_deployment(
+        self,
+        served_name: str,
+        *,
+        routing: RoutingSpec | None = None,
+        namespace: str = "default",
+        name: str | None = None,
+    ) -> None:
+        """Declare (or update) a served model; its replicas are kept."""
+        current = self._deployments.get(served_name)
+        self._deployments[served_name] = DeploymentView(
+            served_name=served_name,
+            namespace=namespace,
+            name=name or served_name,
+            routing=routing or (current.routing if current else RoutingSpec()),
+            endpoints=current.endpoints if current else (),
+        )
+        self._publish()
+
+    def remove_deployment(self, served_name: str) -> None:
+        self._deployments.pop(served_name, None)
+        self._publish()
+
+    def add(self, served_name: str, replica_id: str, url: str, *, kv_capacity_blocks: int | None = None) -> None:
+        """Add a ready replica (declaring the deployment with default routing if it is new)."""
+        endpoint = Endpoint(replica_id, url, kv_capacity_blocks=kv_capacity_blocks)
+        deployment = self._deployments.get(served_name)
+        if deployment is None:
+            deployment = DeploymentView(served_name, "default", served_name, RoutingSpec())
+        others = tuple(e for e in deployment.endpoints if e.replica_id != replica_id)
+        self._deployments[served_name] = replace(deployment, endpoints=(*others, endpoint))
+        self._publish()
+
+    def remove(self, served_name: str, replica_id: str) -> None:
+        deployment = self._deployments.get(served_name)
+        if deployment is None:
+            return
+        endpoints = tuple(e for e in deployment.endpoints if e.replica_id != replica_id)
+        self._deployments[served_name] = replace(deployment, endpoints=endpoints)
+        self._publish()
+
+    def mark_draining(self, served_name: str, replica_id: str, draining: bool = True) -> None:
+        """A draining replica takes no new requests; its in-flight requests finish."""
+        deployment = self._deployments.get(served_name)
+        if deployment is None:
+            raise KeyError(f"unknown deployment {served_name!r}")
+        if not any(e.replica_id == replica_id for e in deployment.endpoints):
+            raise KeyError(f"deployment {served_name!r} has no replica {replica_id!r}")
+        endpoints = tuple(
+            replace(e, draining=draining) if e.replica_id == replica_id else e for e in deployment.endpoints
+        )
+        self._deployments[served_name] = replace(deployment, endpoints=endpoints)
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._sink is not None:
+            self._sink.apply(self.snapshot())

@@ -1,0 +1,85 @@
+"""The router's one typed settings object. Units are in the field names; every number is bounded."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvfleet.spec import RoutingSpec
+
+
+class RouterSettings(BaseModel):
+    """Settings of one router process (per-deployment routing comes from each deployment's RoutingSpec)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="Address to listen on (0.0.0.0 inside a pod).")
+    port: int = Field(default=8080, ge=0, le=65_535, description="Port to listen on (0 picks a free one).")
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Largest request body accepted; larger ones get 413 before being read whole.",
+    )
+    connect_timeout_s: float = Field(
+        default=3.0, gt=0, le=60, description="TCP connect to a replica; a slow connect is retried elsewhere."
+    )
+    idle_read_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=3600,
+        description="Longest silence from a replica (headers or body; prefill of a long prompt counts).",
+    )
+    pool_connections_per_replica: int = Field(
+        default=256, ge=1, le=10_000, description="Keep-alive connections held open per replica."
+    )
+    keepalive_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="Idle keep-alive connections are closed after this."
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="Tries per request across replicas when a replica fails before the first response byte.",
+    )
+    eject_after_failures: int = Field(
+        default=3, ge=1, le=100, description="Consecutive failures that eject a replica (passive outlier detection)."
+    )
+    eject_base_s: float = Field(default=1.0, gt=0, le=600, description="First ejection length; doubles per repeat.")
+    eject_max_s: float = Field(default=30.0, gt=0, le=3600, description="Longest ejection.")
+    prefix_index_blocks_per_replica: int = Field(
+        default=16_384,
+        ge=1,
+        le=10_000_000,
+        description=(
+            "Block hashes remembered per replica, an estimate of its KV capacity: 16384 blocks of 128 chars "
+            "is about 500k tokens, an H100's KV cache for an 8B model."
+        ),
+    )
+    max_prompt_blocks: int = Field(
+        default=2048, ge=1, le=100_000, description="Prompt blocks hashed per request (bounds CPU per request)."
+    )
+    load_penalty: float = Field(
+        default=0.5,
+        ge=0,
+        le=10,
+        description="Weight of the in-flight load against the matched-prefix fraction in the prefix strategy.",
+    )
+    wake_min_interval_s: float = Field(
+        default=2.0, gt=0, le=600, description="Wake signal repeat interval while requests wait."
+    )
+    wake_timeout_s: float = Field(default=5.0, gt=0, le=60, description="Timeout of one wake signal call.")
+    retry_after_s: int = Field(
+        default=2, ge=1, le=3600, description="Retry-After sent with 429 (queue full) and 503 (no replica)."
+    )
+    sse_max_pending_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="An SSE event longer than this is forwarded unsplit rather than held until it completes.",
+    )
+    shutdown_timeout_s: float = Field(
+        default=60.0, ge=0, le=3600, description="On stop, in-flight requests get this long to finish."
+    )
+    default_routing: RoutingSpec = Field(
+        default_factory=RoutingSpec, description="Routing for deployments whose source gives none."
+    )

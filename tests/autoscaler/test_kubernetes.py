@@ -1,0 +1,143 @@
+"""The Kubernetes actuator, the deployment listing and Lease election against KMock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from kvfleet.autoscaler.actuators import ActuatorError, KubernetesActuator, ScaleCommand, TargetGone
+from kvfleet.autoscaler.deployments import KubernetesDeployments
+from kvfleet.autoscaler.kube_api import KubeApi, KubeConnection
+from kvfleet.autoscaler.leader import LeaseElector, LeaseSettings, lease_verdict
+from kvfleet.autoscaler.sources import Target
+from tests.autoscaler.conftest import Kube
+from tests.conftest import pick_free_port
+
+SPEC = {
+    "model": {"uri": "s3://models/tiny", "servedName": "tiny-chat"},
+    "engine": {"kind": "reference"},
+    "resources": {"gpus": 0},
+    "autoscaling": {"minReplicas": 1, "maxReplicas": 5},
+}
+
+
+async def test_actuator_patches_status_only(kube: Kube) -> None:
+    kube.add_deployment("chat", SPEC, status={"replicas": 1, "readyReplicas": 1})
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    async with kube.api() as api:
+        actuator = KubernetesActuator(api)
+        await actuator.apply(Target("default", "chat", "tiny-chat"), ScaleCommand(3, "scale_up: load 40", at))
+    obj = kube.deployment("chat")
+    assert obj["status"]["desiredReplicas"] == 3
+    assert obj["status"]["scaleReason"] == "scale_up: load 40"
+    assert obj["status"]["lastScaleTime"] == "2026-01-02T03:04:05Z"
+    assert obj["status"]["readyReplicas"] == 1  # the operator's fields are left alone
+    assert obj["spec"] == SPEC  # never spec
+    requests = [r for r in kube.emulator if r.method == "PATCH"]
+    assert [str(r.url.path) for r in requests] == [
+        "/apis/kvfleet.io/v1alpha1/namespaces/default/inferencedeployments/chat/status"
+    ]
+    assert requests[0].headers["Content-Type"] == "application/merge-patch+json"
+    assert requests[0].params["fieldManager"] == "kvfleet-autoscaler"
+
+
+async def test_actuator_errors(kube: Kube) -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    async with kube.api() as api:
+        with pytest.raises(TargetGone, match="default/gone no longer exists"):
+            await KubernetesActuator(api).apply(Target("default", "gone", "x"), ScaleCommand(1, "r", at))
+    dead = KubeApi(KubeConnection(server=f"http://127.0.0.1:{pick_free_port()}"), timeout_s=2)
+    async with dead:
+        with pytest.raises(ActuatorError, match="ClientConnectorError"):
+            await KubernetesActuator(dead).apply(Target("default", "chat", "x"), ScaleCommand(1, "r", at))
+
+
+async def test_lists_autoscaled_deployments_and_skips_invalid_ones(kube: Kube) -> None:
+    kube.add_deployment(
+        "chat",
+        SPEC,
+        status={"replicas": 2, "readyReplicas": 1, "desiredReplicas": 3, "measuredColdStartSeconds": 42.0},
+    )
+    kube.add_deployment("fixed", {**SPEC, "autoscaling": None, "replicas": 2})
+    kube.add_deployment("broken", {**SPEC, "autoscaling": {"minReplicas": 9, "maxReplicas": 2}})
+    async with kube.api() as api:
+        items = await KubernetesDeployments(api).list()
+    assert [(s.target.key, s.target.served_name, s.target.ready_replicas, s.current_replicas) for s in items] == [
+        ("default/chat", "tiny-chat", 1, 3)
+    ]
+    assert items[0].target.measured_cold_start_s == 42.0
+    assert items[0].spec.max_replicas == 5
+
+
+class Clock:
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
+async def test_lease_election_never_two_leaders(kube: Kube) -> None:
+    clock = Clock(1_800_000_000.0)
+    async with kube.api() as api:
+        a = LeaseElector(api, LeaseSettings(namespace="default", identity="a"), clock)
+        b = LeaseElector(api, LeaseSettings(namespace="default", identity="b"), clock)
+
+        assert await a.step() is True  # no Lease yet: a creates it
+        assert await b.step() is False
+        lease = kube.lease()
+        assert lease["spec"]["holderIdentity"] == "a"
+        assert lease["spec"]["leaseDurationSeconds"] == 15
+
+        clock.at += 5
+        assert await a.step() is True  # renews
+        assert await b.step() is False
+        assert kube.lease()["spec"]["renewTime"].startswith("2027-01-15T08:00:05")
+
+        # a stops renewing (hung, partitioned). After its 10 s renew deadline it stops acting;
+        # after the 15 s lease duration b takes over. Never both at once.
+        clock.at += 11
+        assert a.is_leader is False
+        assert await b.step() is False  # 11 s < 15 s: still a's
+        clock.at += 5
+        assert await b.step() is True
+        assert kube.lease()["spec"]["holderIdentity"] == "b"
+        assert kube.lease()["spec"]["leaseTransitions"] == 1
+        assert await a.step() is False
+        assert not (a.is_leader and b.is_leader)
+
+        # b shuts down and releases: a takes over at its next step, not a lease duration later.
+        await b.release()
+        assert kube.lease()["spec"].get("holderIdentity") is None
+        assert await a.step() is True
+        assert kube.lease()["spec"]["leaseTransitions"] == 2
+
+
+async def test_leader_that_cannot_renew_stops_by_the_renew_deadline(kube: Kube) -> None:
+    clock = Clock(1_800_000_000.0)
+    async with kube.api() as api:
+        elector = LeaseElector(api, LeaseSettings(namespace="default", identity="a"), clock)
+        assert await elector.step() is True
+    # The API server becomes unreachable: the leader keeps acting until 10 s after its last
+    # renewal (the Lease is still its own for 15 s), then stops.
+    elector.api = KubeApi(KubeConnection(server=f"http://127.0.0.1:{pick_free_port()}"), timeout_s=1)
+    async with elector.api:
+        clock.at += 5
+        assert await elector.step() is True
+        clock.at += 5
+        assert await elector.step() is False
+        assert elector.leader_changed.is_set()
+
+
+def test_lease_verdicts() -> None:
+    spec = {"holderIdentity": "x", "renewTime": "2026-01-01T00:00:00.000000Z", "leaseDurationSeconds": 15}
+    t0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    assert lease_verdict(None, "me", t0) == "create"
+    assert lease_verdict({"spec": spec}, "x", t0) == "renew"
+    assert lease_verdict({"spec": spec}, "me", t0 + 15) == "follow"
+    assert lease_verdict({"spec": spec}, "me", t0 + 15.1) == "acquire"
+    assert lease_verdict({"spec": {**spec, "holderIdentity": ""}}, "me", t0) == "acquire"
+    assert lease_verdict({"spec": {"holderIdentity": "x"}}, "me", t0) == "acquire"
+    with pytest.raises(ValueError, match="retry_period_s < renew_deadline_s"):
+        LeaseSettings(namespace="default", identity="a", renew_deadline_s=20)

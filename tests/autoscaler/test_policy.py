@@ -1,0 +1,302 @@
+"""The scaling policy, one rule at a time, with numbers that can be checked by hand."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from kvfleet.autoscaler.forecast import HoltSettings, HoltState
+from kvfleet.autoscaler.observation import Observation
+from kvfleet.autoscaler.policy import Decision, PolicySettings, PolicyState, decide, initial_state
+from kvfleet.spec import AutoscalingSpec
+
+
+def spec(**kw: Any) -> AutoscalingSpec:
+    base: dict[str, Any] = {
+        "min_replicas": 1,
+        "max_replicas": 10,
+        "target_concurrency_per_replica": 16,
+        "window_seconds": 60,
+        "panic_window_seconds": 6,
+        "scale_down_delay_seconds": 120,
+        "cold_start_seconds": 30,
+    }
+    base.update(kw)
+    return AutoscalingSpec(**base)
+
+
+def obs(at: float, load: float = 0.0, ready: int = 1, **kw: Any) -> Observation:
+    """An observation whose engines hold ``load`` requests; the router sees nothing queued."""
+    fields: dict[str, Any] = {
+        "sampled_at_s": at,
+        "ready_replicas": ready,
+        "engine_concurrency": load,
+        "queue_depth": 0.0,
+        "arrival_rate_rps": 0.0,
+    }
+    fields.update(kw)
+    return Observation(**fields)
+
+
+def settled(desired: int, now: float = 1000.0, **kw: Any) -> PolicyState:
+    """A state with history long enough for scale-down (started 1000 s ago)."""
+    return replace(initial_state(desired, now - 1000.0), last_traffic_at_s=now - 1.0, **kw)
+
+
+def test_scale_up_applies_at_once() -> None:
+    # load 40 / 16 per replica = 2.5 -> 3 replicas, from 1, in one decision.
+    d = decide(obs(1000, load=40), settled(1), spec(), now=1000)
+    assert (d.desired_replicas, d.reason) == (3, "scale_up")
+    assert "concurrency" in d.detail
+
+
+def test_steady_when_proposal_matches() -> None:
+    d = decide(obs(1000, load=30, ready=2), settled(2), spec(), now=1000)
+    assert (d.desired_replicas, d.reason) == (2, "steady")
+
+
+def test_stable_window_averages_out_a_short_blip() -> None:
+    # 59 samples of load 16 and one of 48: the 60 s mean is (59*16+48)/60 = 16.53 -> 2 replicas,
+    # while the 6 s panic window sees (5*16+48)/6 = 21.3 -> 2, below 2 x 1 (no panic, but 2 > 1).
+    history = tuple((1000.0 - 60 + i, 16.0) for i in range(1, 60))
+    d = decide(obs(1000, load=48), settled(1, samples=history), spec(), now=1000)
+    assert (d.desired_replicas, d.reason) == (2, "scale_up")
+    assert "over 60s" in d.detail
+
+
+def test_panic_window_reacts_to_a_burst() -> None:
+    # 54 s at load 10, then 6 s at 60 (target 10, 2 replicas). Stable: (54*10 + 6*60)/60 = 15 -> 2.
+    # Panic (last 6 s): 60 -> 6 replicas, >= 2.0 x 2: panic, and the panic proposal wins.
+    history = tuple((940.0 + i, 10.0 if i <= 54 else 60.0) for i in range(1, 60))
+    d = decide(obs(1000, load=60, ready=2), settled(2, samples=history), spec(target_concurrency_per_replica=10), 1000)
+    assert (d.desired_replicas, d.reason) == (6, "panic_scale_up")
+    assert d.state.panic_until_s == 1060.0
+
+
+def test_no_scale_down_while_panicking() -> None:
+    state = settled(6, panic_until_s=1030.0)
+    d = decide(obs(1000, load=0, ready=6), state, spec(), now=1000)
+    assert (d.desired_replicas, d.reason) == (6, "panic_hold")
+    # Panic ends after one stable window; then the normal delayed scale-down applies.
+    d = decide(obs(1031, load=0, ready=6), replace(state, proposals=()), spec(), now=1031)
+    assert d.reason == "scale_down"
+
+
+def test_scale_down_waits_for_the_delay() -> None:
+    # A proposal of 4 was made 100 s ago; the delay is 120 s, so 4 replicas stay.
+    state = settled(4, proposals=((900.0, 4), (950.0, 1)))
+    d = decide(obs(1000, load=0, ready=4), state, spec(), now=1000)
+    assert (d.desired_replicas, d.reason) == (4, "stabilizing")
+    # 21 s later the 4 has left the 120 s window: the highest proposal is 1.
+    d = decide(obs(1021, load=0, ready=4), d.state, spec(), now=1021)
+    assert d.reason == "scale_down"
+
+
+def test_scale_down_is_step_bounded() -> None:
+    # From 8 with every proposal at 1: at most half (4) go per step, one step per 30 s.
+    state = settled(8)
+    d = decide(obs(1000, load=0, ready=8), state, spec(), now=1000)
+    assert (d.desired_replicas, d.reason) == (4, "scale_down")
+    d = decide(obs(1010, load=0, ready=4), d.state, spec(), now=1010)
+    assert (d.desired_replicas, d.reason) == (4, "stabilizing")
+    assert "next scale-down step in 20s" in d.detail
+    d = decide(obs(1030, load=0, ready=4), d.state, spec(), now=1030)
+    assert (d.desired_replicas, d.reason) == (2, "scale_down")
+    d = decide(obs(1060, load=0, ready=2), d.state, spec(), now=1060)
+    assert (d.desired_replicas, d.reason) == (1, "scale_down")
+
+
+def test_no_scale_down_before_history_covers_the_delay() -> None:
+    # A restarted autoscaler knows nothing of the last 120 s: it keeps what is there.
+    state = initial_state(5, now_s=950.0)
+    d = decide(obs(1000, load=0, ready=5), state, spec(), now=1000)
+    assert (d.desired_replicas, d.reason) == (5, "stabilizing")
+
+
+def test_forecast_adds_capacity_before_the_demand_arrives() -> None:
+    # alpha = beta = 1: level follows the last rate, trend the last slope. Rates 11 -> 12 req/s
+    # one second apart: trend 1 req/s per s, 30 s ahead (the cold start) 42 req/s. Latency 0.5 s
+    # (load 6 / rate 12), so the growth is (42 - 12) x 0.5 = 15 requests: (6 + 15) / 8 -> 3 replicas.
+    # Concurrency alone says ceil(6 / 8) = 1.
+    settings = PolicySettings(forecast=HoltSettings(level_alpha=1.0, trend_beta=1.0))
+    state = settled(1, forecast=HoltState(level_rps=11.0, trend_rps_per_s=1.0, at_s=999.0), latency_s=0.5)
+    s = spec(target_concurrency_per_replica=8)
+    d = decide(obs(1000, load=6, arrival_rate_rps=12.0), state, s, now=1000, settings=settings)
+    assert (d.desired_replicas, d.reason) == (3, "forecast_scale_up")
+    assert "12.00/s -> 42.00/s in 30s" in d.detail
+
+
+def test_forecast_uses_the_measured_cold_start() -> None:
+    settings = PolicySettings(forecast=HoltSettings(level_alpha=1.0, trend_beta=1.0))
+    state = settled(1, forecast=HoltState(level_rps=11.0, trend_rps_per_s=1.0, at_s=999.0), latency_s=0.5)
+    o = obs(1000, load=6, arrival_rate_rps=12.0, measured_cold_start_s=90.0)
+    # 90 s ahead: 102 req/s; growth (102 - 12) x 0.5 = 45, capped at 3 x max(6, 8) = 24: (6 + 24) / 8 -> 4.
+    d = decide(o, state, spec(target_concurrency_per_replica=8), now=1000, settings=settings)
+    assert (d.desired_replicas, d.reason) == (4, "forecast_scale_up")
+
+
+def test_flat_forecast_adds_nothing() -> None:
+    state = settled(1, forecast=HoltState(level_rps=12.0, trend_rps_per_s=0.0, at_s=999.0), latency_s=0.5)
+    d = decide(obs(1000, load=6, arrival_rate_rps=12.0), state, spec(target_concurrency_per_replica=8), now=1000)
+    assert (d.desired_replicas, d.reason) == (1, "steady")
+
+
+def test_kv_cache_gpu_and_ttft_signals() -> None:
+    # KV 90% on 2 ready, target 80%: ceil(2 x 0.9 / 0.8) = ceil(2.25) = 3.
+    d = decide(obs(1000, load=2, ready=2, kv_cache_utilization=0.9), settled(2), spec(), now=1000)
+    assert (d.desired_replicas, d.reason) == (3, "scale_up")
+    assert "kv_cache" in d.detail
+    # DCGM 100% on 2 ready, target 90%: ceil(2.22) = 3.
+    d = decide(obs(1000, load=2, ready=2, gpu_utilization=1.0), settled(2), spec(), now=1000)
+    assert d.desired_replicas == 3 and "gpu_utilization" in d.detail
+    # TTFT p90 3 s against a 1 s SLO on 2 ready: the factor 3 is capped at 2 -> 4.
+    d = decide(obs(1000, load=2, ready=2, ttft_p90_s=3.0), settled(2), spec(ttft_slo_seconds=1.0), now=1000)
+    assert d.desired_replicas == 4 and "ttft" in d.detail
+    # Within the SLO the TTFT signal proposes nothing.
+    d = decide(obs(1000, load=2, ready=2, ttft_p90_s=0.5), settled(2), spec(ttft_slo_seconds=1.0), now=1000)
+    assert "ttft" not in d.detail
+
+
+def test_router_queue_counts_as_load() -> None:
+    # Engines hold 16, the router in-flight 20 (max: 20), plus 28 queued = 48 -> 3 replicas.
+    o = obs(1000, load=16, ready=1, router_in_flight=20.0, queue_depth=28.0)
+    d = decide(o, settled(1), spec(), now=1000)
+    assert d.desired_replicas == 3
+
+
+def test_clamped_to_max_and_min() -> None:
+    d = decide(obs(1000, load=1000), settled(1), spec(max_replicas=4), now=1000)
+    assert (d.desired_replicas, d.reason) == (4, "scale_up")
+    assert "capped at maxReplicas 4" in d.detail
+    # maxReplicas lowered below the current count: applied at once.
+    d = decide(obs(1000, load=0, ready=6), settled(6), spec(max_replicas=4), now=1000)
+    assert (d.desired_replicas, d.reason) == (4, "clamped")
+    # minReplicas raised above it: applied at once too.
+    d = decide(obs(1000, load=0), settled(1), spec(min_replicas=3), now=1000)
+    assert (d.desired_replicas, d.reason) == (3, "clamped")
+
+
+def test_scale_to_zero_after_idle_time() -> None:
+    s = spec(min_replicas=0, scale_to_zero_after_seconds=300)
+    state = replace(settled(1), last_traffic_at_s=700.0)
+    # 299 s idle: keep one replica (an idle deployment with minReplicas 0 still keeps 1 until then).
+    d = decide(obs(999, load=0), state, s, now=999)
+    assert (d.desired_replicas, d.reason) == (1, "steady")
+    d = decide(obs(1000, load=0), state, s, now=1000)
+    assert (d.desired_replicas, d.reason) == (0, "scale_to_zero")
+    assert "no traffic for 300s" in d.detail
+    # Arrivals (even with nothing in flight yet) count as traffic.
+    d = decide(obs(1000, load=0, arrival_rate_rps=0.1), state, s, now=1000)
+    assert d.desired_replicas == 1
+
+
+def test_never_zero_without_scale_to_zero() -> None:
+    state = replace(settled(1), last_traffic_at_s=0.0)
+    d = decide(obs(1000, load=0), state, spec(min_replicas=0), now=1000)
+    assert d.desired_replicas == 0  # minReplicas 0 alone means the default 300 s applies
+    d = decide(obs(1000, load=0), state, spec(min_replicas=1), now=1000)
+    assert d.desired_replicas == 1
+
+
+def test_wake_from_zero() -> None:
+    s = spec(min_replicas=0, scale_to_zero_after_seconds=300)
+    at_zero = settled(0)
+    d = decide(obs(1000, load=0, ready=0), at_zero, s, now=1000)
+    assert (d.desired_replicas, d.reason) == (0, "steady")
+    d = decide(obs(1000, load=0, ready=0, wake_requested=True), at_zero, s, now=1000)
+    assert (d.desired_replicas, d.reason) == (1, "wake")
+    # 40 requests held by the router: ceil(40 / 16) = 3 at once.
+    d = decide(obs(1000, ready=0, engine_concurrency=None, queue_depth=40.0), at_zero, s, now=1000)
+    assert (d.desired_replicas, d.reason) == (3, "wake")
+
+
+def test_no_router_series_at_zero_is_no_traffic() -> None:
+    # A router that never saw the model has no series for it: at zero that is not a stale episode.
+    s = spec(min_replicas=0, scale_to_zero_after_seconds=300)
+    d = decide(obs(1000, ready=0, engine_concurrency=None, queue_depth=None), settled(0), s, now=1000)
+    assert (d.desired_replicas, d.reason) == (0, "steady")
+
+
+def test_wake_works_even_when_metrics_are_stale() -> None:
+    s = spec(min_replicas=0, scale_to_zero_after_seconds=300)
+    d = decide(Observation.failed(1000, "connection refused", wake_requested=True), settled(0), s, now=1000)
+    assert (d.desired_replicas, d.reason) == (1, "wake")
+
+
+@pytest.mark.parametrize(
+    ("observation", "problem"),
+    [
+        (Observation.failed(1000, "connection refused", ready_replicas=3), "connection refused"),
+        (obs(969, load=0, ready=3), "31s old"),
+        (obs(1000, ready=3, engine_concurrency=None), "no concurrency metrics while 3 replicas are ready"),
+        (obs(1000, load=math.nan, ready=3), "engine_concurrency is nan"),
+        (obs(1000, ready=0, engine_concurrency=None, queue_depth=None, arrival_rate_rps=None), "no router metrics"),
+        (obs(1000, ready=3, queue_depth=-1.0), "queue_depth is -1.0"),
+    ],
+)
+def test_stale_or_missing_metrics_hold(observation: Observation, problem: str) -> None:
+    # Idle for far longer than the scale-to-zero delay, yet nothing is removed on bad data.
+    s = spec(min_replicas=0, scale_to_zero_after_seconds=60)
+    state = replace(settled(3), last_traffic_at_s=0.0)
+    d = decide(observation, state, s, now=1000)
+    assert (d.desired_replicas, d.reason) == (3, "metrics_stale")
+    assert problem in d.detail
+    assert d.state.stale_since_s == 1000
+    # The episode keeps its start; fresh data ends it, and the idle clock restarted at the stale tick.
+    d2 = decide(observation, d.state, s, now=1001)
+    assert d2.state.stale_since_s == 1000
+    d3 = decide(obs(1002, load=0, ready=3), d2.state, s, now=1002)
+    assert d3.state.stale_since_s is None
+    assert d3.desired_replicas == 3  # the held 3 is among the proposals of the last 120 s
+
+
+def test_stale_hold_also_blocks_scale_down_after_recovery() -> None:
+    state = settled(4)
+    d = decide(Observation.failed(1000, "timeout", ready_replicas=4), state, spec(), now=1000)
+    d = decide(obs(1010, load=0, ready=4), d.state, spec(), now=1010)
+    assert (d.desired_replicas, d.reason) == (4, "stabilizing")
+
+
+def run_trace(loads: list[float], s: AutoscalingSpec, start: int = 1) -> list[Decision]:
+    state = initial_state(start, 0.0)
+    out = []
+    for t, load in enumerate(loads):
+        d = decide(obs(float(t), load=load, ready=state.desired_replicas), state, s, now=float(t))
+        out.append(d)
+        state = d.state
+    return out
+
+
+def test_alternating_load_does_not_flap() -> None:
+    # 10 minutes of load alternating 40 / 0 every 30 s (target 16). The first tick sees 40 -> 3; the
+    # 60 s mean then settles at 20 -> 2 and, with a 120 s delay over proposals of 2 and 3, one step
+    # down to 2 follows. It never goes back up and down again.
+    loads = [40.0 if (t // 30) % 2 == 0 else 0.0 for t in range(600)]
+    decisions = run_trace(loads, spec())
+    counts = [d.desired_replicas for d in decisions]
+    changes = [(t + 1, b) for t, (a, b) in enumerate(itertools.pairwise(counts)) if a != b]
+    assert counts[0] == 3
+    assert [n for _, n in changes] == [2]
+    assert counts[-1] == 2
+
+
+def test_scale_down_after_load_goes_away() -> None:
+    # 60 s of load 64 (4 replicas), then nothing. At tick t the 60 s window holds 119 - t high
+    # samples, so the proposal is 4 until t = 73, 3 until 88, 2 until 103, then 1. The last 4 leaves
+    # the 120 s window at t = 193: down to the highest remaining proposal, 3 (step <= 2). Then one
+    # step of floor(3 x 0.5) = 1 per 30 s: 2 at 223, 1 at 253.
+    loads = [64.0] * 60 + [0.0] * 400
+    decisions = run_trace(loads, spec())
+    downs = [(t, d.desired_replicas) for t, d in enumerate(decisions) if d.reason == "scale_down"]
+    assert downs == [(193, 3), (223, 2), (253, 1)]
+
+
+def test_policy_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="panic_threshold_ratio"):
+        PolicySettings(panic_threshold_ratio=0.5)
+    with pytest.raises(ValueError, match="level_alpha"):
+        HoltSettings(level_alpha=0.0)

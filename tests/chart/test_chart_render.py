@@ -1,0 +1,167 @@
+"""The chart lints, renders for every CI scenario, and refuses bad values with the failing key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from .conftest import CHART, CI_VALUES, REPO_ROOT, load_values, objects, render
+
+BAD_CASES = yaml.safe_load((Path(__file__).parent / "fixtures" / "bad-values.yaml").read_text())
+Render = Callable[[Path], list[dict[str, Any]]]
+
+
+def kinds(docs: list[dict[str, Any]]) -> list[str]:
+    return sorted(d["kind"] for d in docs)
+
+
+def test_every_scenario_has_a_ci_values_file() -> None:
+    assert {p.name for p in CI_VALUES} == {
+        "minimal-values.yaml",
+        "ha-values.yaml",
+        "namespaced-values.yaml",
+        "no-monitoring-values.yaml",
+    }
+
+
+@pytest.mark.parametrize("values_file", CI_VALUES, ids=lambda p: p.name)
+def test_lint_is_clean(values_file: Path) -> None:
+    report = helm_python.lint(str(CHART), values=load_values(values_file), strict=True, namespace="kvfleet-system")
+    assert report["errors"] == []
+    # Strict lint turns warnings into errors; the one info message left is the missing icon.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("values_file", CI_VALUES, ids=lambda p: p.name)
+def test_renders_the_components(values_file: Path, render_ci: Render) -> None:
+    docs = render_ci(values_file)
+    deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
+    assert deployments == {"kvf-kvfleet-operator", "kvf-kvfleet-router", "kvf-kvfleet-autoscaler"}
+    services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
+    assert services == deployments
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= pod["metadata"]["labels"].items()
+        (container,) = pod["spec"]["containers"]
+        assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+        assert container["readinessProbe"]["httpGet"]["port"] == "http"
+
+
+def test_minimal_is_the_defaults_with_one_router(render_ci: Render) -> None:
+    docs = render_ci(CHART / "ci" / "minimal-values.yaml")
+    assert "PodDisruptionBudget" not in kinds(docs)  # one router: a budget would block drains
+    assert "ServiceMonitor" not in kinds(docs) and "PrometheusRule" not in kinds(docs)
+    (dashboard,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["data"]["kvfleet.json"] == (CHART / "dashboards" / "kvfleet.json").read_text().rstrip("\n")
+
+
+def test_ha_spreads_routers_and_keeps_two_through_drains(render_ci: Render) -> None:
+    docs = render_ci(CHART / "ci" / "ha-values.yaml")
+    router = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
+    assert router["spec"]["replicas"] == 3
+    assert router["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    (spread,) = router["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone" and spread["whenUnsatisfiable"] == "DoNotSchedule"
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["minAvailable"] == 2
+    assert pdb["spec"]["selector"]["matchLabels"] == router["spec"]["selector"]["matchLabels"]
+    image = router["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.endswith("@sha256:" + "0" * 64)
+    for singleton in (d for d in docs if d["kind"] == "Deployment" and d is not router):
+        assert singleton["spec"]["replicas"] == 1 and singleton["spec"]["strategy"] == {"type": "Recreate"}
+    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert len(monitors) == 4 and all(m["metadata"]["labels"]["release"] == "kube-prometheus-stack" for m in monitors)
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert all(a["labels"]["team"] == "ml-platform" for a in alerts)
+
+
+def test_namespaced_mode_grants_nothing_cluster_wide(render_ci: Render) -> None:
+    docs = render_ci(CHART / "ci" / "namespaced-values.yaml")
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Role"}
+    assert roles == {("team-a", f"kvf-kvfleet-{c}") for c in ("operator", "router", "autoscaler")}
+    for binding in (d for d in docs if d["kind"] == "RoleBinding"):
+        (subject,) = binding["subjects"]
+        assert subject["namespace"] == "kvfleet-system"  # the ServiceAccounts live in the release namespace
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--namespace=team-a" in args and "--all-namespaces" not in args
+    engines = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith("-engines"))
+    assert engines["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert "KvfleetTTFTSLOBurnSlow" not in alerts and "KvfleetTTFTSLOBurnFast" in alerts
+
+
+def test_several_namespaces_get_a_role_each_without_the_router() -> None:
+    values = {"scope": {"mode": "namespace", "namespaces": ["team-a", "team-b"]}, "router": {"enabled": False}}
+    docs = objects(render(values))
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Role"}
+    assert roles == {(ns, f"kvf-kvfleet-{c}") for ns in ("team-a", "team-b") for c in ("operator", "autoscaler")}
+    operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+
+def test_namespaced_mode_defaults_to_the_release_namespace() -> None:
+    docs = objects(render({"scope": {"mode": "namespace"}}, namespace="ml"))
+    assert {d["metadata"]["namespace"] for d in docs if d["kind"] in ("Role", "RoleBinding")} == {"ml"}
+
+
+def test_no_monitoring_renders_no_monitoring_objects(render_ci: Render) -> None:
+    docs = render_ci(CHART / "ci" / "no-monitoring-values.yaml")
+    assert not {"ServiceMonitor", "PrometheusRule", "ConfigMap"} & set(kinds(docs))
+    autoscaler = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-autoscaler"))
+    args = autoscaler["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--prometheus-url=http://prometheus-server.monitoring.svc" in args
+
+
+def test_router_wakes_through_the_autoscaler_service(render_ci: Render) -> None:
+    docs = render_ci(CHART / "ci" / "minimal-values.yaml")
+    router = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--autoscaler-url=http://kvf-kvfleet-autoscaler.kvfleet-system.svc:8081" in args
+    without = objects(render({"autoscaler": {"enabled": False}}))
+    router = next(d for d in without if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
+    assert not [
+        a for a in router["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--autoscaler-url")
+    ]
+
+
+def test_chart_crd_is_the_generated_file() -> None:
+    generated = REPO_ROOT / "crds" / "inferencedeployments.kvfleet.io.yaml"
+    assert (CHART / "crds" / generated.name).read_bytes() == generated.read_bytes(), (
+        f"copy {generated.relative_to(REPO_ROOT)} to charts/kvfleet/crds/ (run `kvfleet crd generate` first)"
+    )
+    with helm_python.Chart.load(str(CHART)) as chart:
+        (crd,) = chart.crds
+    assert yaml.safe_load(crd["data"])["metadata"]["name"] == "inferencedeployments.kvfleet.io"
+
+
+@pytest.mark.parametrize("case", BAD_CASES, ids=[c["name"] for c in BAD_CASES])
+def test_bad_values_are_refused_naming_the_key(case: dict[str, Any]) -> None:
+    with helm_python.Chart.load(str(CHART)) as chart:
+        merged = chart.merge_values(case["values"])
+        if case["stage"] == "schema":
+            with pytest.raises(helm_python.HelmValuesError) as caught:
+                chart.validate_schema(merged)
+        else:
+            chart.validate_schema(merged)
+            with pytest.raises(helm_python.HelmRenderError) as caught:
+                chart.render(values=case["values"], name="kvf", namespace="kvfleet-system", is_install=True)
+    assert case["error"] in str(caught.value)
+
+
+def test_lint_rejects_a_bad_values_file() -> None:
+    bad = yaml.safe_load((Path(__file__).parent / "fixtures" / "bad-values-file.yaml").read_text())
+    report = helm_python.lint(str(CHART), values=bad)
+    joined = "\n".join(report["errors"])
+    assert "/router/replicas" in joined and "'maxUnavailable' not allowed" in joined

@@ -1,0 +1,340 @@
+"""The real kopf operator against KMock: children, status, updates, deletes, invalid specs, drift."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kmock
+from aiohttp import web
+from support.kube_emulator import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    EVENTS,
+    INFD,
+    PDBS,
+    SERVICE_MONITORS,
+    SERVICES,
+    Cluster,
+    RunningOperator,
+    eventually,
+    operator_settings,
+    start_operator,
+    stop_operator,
+)
+
+NS = "default"
+
+
+def tiny(name: str = "tiny", **spec_overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"uri": "file:///models/tiny", "servedName": "tiny"},
+        "engine": {"kind": "reference"},
+        "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi", "shmSize": "256Mi"},
+        "replicas": 1,
+    }
+    spec.update(spec_overrides)
+    return {
+        "apiVersion": "kvfleet.io/v1alpha1",
+        "kind": "InferenceDeployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == type_:
+            return dict(cond)
+    return None
+
+
+def events_for(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    return [
+        obj.raw
+        for (res, _ns, _n), obj in cluster.api.objects.items()
+        if res == EVENTS and not obj.deleted and obj.raw.get("involvedObject", {}).get("name") == name
+    ]
+
+
+async def test_create_gives_children_and_status(cluster: Cluster, operator: RunningOperator) -> None:
+    created = await cluster.create_infd(tiny())
+    uid = created["metadata"]["uid"]
+    dep = await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the engine Deployment")
+    for resource, child in ((SERVICES, "tiny-engine"), (CONFIGMAPS, "tiny-engine-spec"), (PDBS, "tiny-engine-pdb")):
+        obj = await eventually(lambda r=resource, c=child: cluster.get(r, NS, c), what=child)
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["kvfleet", "engine", "launch"]
+    # Every apply went through server-side apply with our field manager.
+    applies = [r for r in cluster.writes() if r.headers.get("Content-Type", "").startswith("application/apply")]
+    assert {r.params.get("fieldManager") for r in applies} == {"kvfleet-operator"}
+    assert all(r.params.get("force") == "true" for r in applies)
+    # kopf's own writes (the finalizer) are counted as the operator's too.
+    assert any("kopf" in r.headers.get("User-Agent", "") for r in cluster.writes())
+
+    # Pods are starting: Progressing, not Ready.
+    infd = await eventually(
+        lambda: (o := cluster.get(INFD, NS, "tiny")) and condition(o, "Ready") and o, what="status conditions"
+    )
+    assert condition(infd, "Ready")["reason"] == "NoReplicaReady"  # type: ignore[index]
+    assert infd["status"]["observedGeneration"] == 1
+    assert infd["status"]["endpoint"] == operator.settings.router_endpoint
+    assert infd["status"]["selector"] == "app.kubernetes.io/name=kvfleet-engine,kvfleet.io/deployment=tiny"
+
+    # The Deployment controller reports a ready replica: Ready, readyReplicas, an Event.
+    await cluster.roll_out(NS, "tiny", ready=1)
+    infd = await eventually(
+        lambda: (o := cluster.get(INFD, NS, "tiny")) and (condition(o, "Ready") or {}).get("status") == "True" and o,
+        what="Ready=True",
+    )
+    assert infd["status"]["readyReplicas"] == 1
+    assert condition(infd, "Progressing")["reason"] == "Complete"  # type: ignore[index]
+    assert condition(infd, "Degraded")["status"] == "False"  # type: ignore[index]
+    assert condition(infd, "ScaledToZero")["status"] == "False"  # type: ignore[index]
+    await eventually(
+        lambda: {e["reason"] for e in events_for(cluster, "tiny")} >= {"ReplicasReady", "Complete"},
+        what="the Ready and Complete events",
+    )
+    # The operator never writes spec.
+    infd_writes = [r for r in cluster.writes() if r.resource == INFD and r.subresource is None]
+    assert not [r for r in infd_writes if isinstance(r.data, dict) and "spec" in r.data]
+
+
+async def test_second_reconcile_sends_no_write(cluster: Cluster, operator: RunningOperator) -> None:
+    await cluster.create_infd(tiny())
+    await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+    await cluster.roll_out(NS, "tiny", ready=1)
+    await eventually(
+        lambda: (condition(cluster.get(INFD, NS, "tiny"), "Ready") or {}).get("status") == "True", what="Ready"
+    )
+    # Let the writes of the first reconciles and their events settle, then count over several resyncs.
+    await _quiet(cluster)
+    before_writes, before_all = len(cluster.writes()), len(list(cluster.api))
+    await _sleep(operator.settings.resync_interval_s * 4)
+    reads = len(list(cluster.api)) - before_all
+    assert reads >= 3, "the resync timer did not run (no reads either)"
+    assert cluster.writes()[before_writes:] == []
+
+
+async def test_restart_resumes_without_writes(cluster: Cluster, operator: RunningOperator) -> None:
+    await cluster.create_infd(tiny())
+    await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+    await cluster.roll_out(NS, "tiny", ready=1)
+    await eventually(
+        lambda: (condition(cluster.get(INFD, NS, "tiny"), "Ready") or {}).get("status") == "True", what="Ready"
+    )
+    await _quiet(cluster)
+    await stop_operator(operator)
+    before, before_all = len(cluster.writes()), len(list(cluster.api))
+    second = await start_operator(cluster, operator_settings())
+    try:
+        await _sleep(1.5)
+        assert cluster.writes()[before:] == []
+        # The resumed operator did reconcile: it read the children back.
+        reads = [r for r in list(cluster.api)[before_all:] if r.method.value == "GET" and r.resource == DEPLOYMENTS]
+        assert reads
+    finally:
+        await stop_operator(second)
+
+
+async def test_update_rolls_the_deployment(cluster: Cluster, operator: RunningOperator) -> None:
+    await cluster.create_infd(tiny())
+    dep = await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+    old_hash = dep["spec"]["template"]["metadata"]["annotations"]["kvfleet.io/spec-hash"]
+    await cluster.patch_infd(NS, "tiny", {"spec": {"engine": {"maxModelLen": 1024}, "replicas": 2}})
+
+    def rolled() -> dict[str, Any] | None:
+        d = cluster.get(DEPLOYMENTS, NS, "tiny-engine")
+        annotations = (d or {})["spec"]["template"]["metadata"]["annotations"]
+        return d if annotations["kvfleet.io/spec-hash"] != old_hash and d["spec"]["replicas"] == 2 else None
+
+    await eventually(rolled, what="a new pod template and 2 replicas")
+    spec_json = cluster.get(CONFIGMAPS, NS, "tiny-engine-spec")["data"]["spec.json"]  # type: ignore[index]
+    assert '"maxModelLen": 1024' in spec_json
+    infd = await eventually(
+        lambda: (o := cluster.get(INFD, NS, "tiny")) and o["status"].get("observedGeneration") == 2 and o,
+        what="observedGeneration 2",
+    )
+    assert infd["status"]["desiredReplicas"] == 2
+
+
+async def test_autoscaler_decision_scales_and_zero_is_reported(cluster: Cluster, operator: RunningOperator) -> None:
+    doc = tiny(autoscaling={"minReplicas": 0, "maxReplicas": 3, "coldStartSeconds": 10})
+    del doc["spec"]["replicas"]
+    await cluster.create_infd(doc)
+    await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+    assert cluster.get(DEPLOYMENTS, NS, "tiny-engine")["spec"]["replicas"] == 0  # type: ignore[index]
+    await cluster.roll_out(NS, "tiny", ready=0)
+    infd = await eventually(
+        lambda: (
+            (o := cluster.get(INFD, NS, "tiny")) and (condition(o, "ScaledToZero") or {}).get("status") == "True" and o
+        ),
+        what="ScaledToZero",
+    )
+    assert condition(infd, "Ready")["reason"] == "ScaledToZero"  # type: ignore[index]
+    assert "desiredReplicas" not in infd["status"]  # the autoscaler's key: the operator leaves it alone
+
+    # The autoscaler writes its decision into status; the watch handler applies it at once.
+    await cluster.patch_infd(NS, "tiny", {"status": {"desiredReplicas": 5}}, subresource="status")
+    await eventually(
+        lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine")["spec"]["replicas"] == 3,  # type: ignore[index]
+        what="replicas clamped to maxReplicas",
+    )
+
+
+async def test_invalid_spec_sets_degraded_and_creates_nothing(cluster: Cluster, operator: RunningOperator) -> None:
+    bad = tiny("broken", engine={"kind": "reference", "tensorParallelSize": 2})
+    await cluster.create_infd(bad)
+    infd = await eventually(
+        lambda: (o := cluster.get(INFD, NS, "broken")) and condition(o, "Degraded") and o, what="Degraded"
+    )
+    degraded = condition(infd, "Degraded")
+    assert degraded is not None and degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
+    assert "spec.engine.tensorParallelSize" in degraded["message"]
+    await eventually(
+        lambda: any(e["reason"] == "InvalidSpec" for e in events_for(cluster, "broken")), what="an InvalidSpec event"
+    )
+    # Not retried in a loop: over several resyncs nothing more is written, no child appears.
+    await _quiet(cluster)
+    before = len(cluster.writes())
+    await _sleep(operator.settings.resync_interval_s * 4)
+    assert cluster.writes()[before:] == []
+    for resource, child in (
+        (DEPLOYMENTS, "broken-engine"),
+        (SERVICES, "broken-engine"),
+        (CONFIGMAPS, "broken-engine-spec"),
+        (PDBS, "broken-engine-pdb"),
+    ):
+        assert cluster.get(resource, NS, child) is None
+    assert len([e for e in events_for(cluster, "broken") if e["reason"] == "InvalidSpec"]) == 1
+
+
+async def test_invalid_update_leaves_children_unchanged(cluster: Cluster, operator: RunningOperator) -> None:
+    await cluster.create_infd(tiny())
+    dep = await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+    await cluster.patch_infd(NS, "tiny", {"spec": {"resources": {"gpus": 0}, "engine": {"kind": "vllm"}}})
+    infd = await eventually(
+        lambda: (
+            (o := cluster.get(INFD, NS, "tiny"))
+            and (condition(o, "Degraded") or {}).get("reason") == "InvalidSpec"
+            and o
+        ),
+        what="Degraded/InvalidSpec",
+    )
+    assert "spec.resources.gpus" in condition(infd, "Degraded")["message"]  # type: ignore[index]
+    assert cluster.get(DEPLOYMENTS, NS, "tiny-engine")["spec"] == dep["spec"]  # type: ignore[index]
+
+
+async def test_hand_deleted_and_edited_children_come_back(cluster: Cluster, operator: RunningOperator) -> None:
+    await cluster.create_infd(tiny())
+    await eventually(lambda: cluster.get(SERVICES, NS, "tiny-engine"), what="the Service")
+    await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+    await cluster.delete(f"/api/v1/namespaces/{NS}/services/tiny-engine")
+    assert cluster.get(SERVICES, NS, "tiny-engine") is None
+    await eventually(lambda: cluster.get(SERVICES, NS, "tiny-engine"), what="the Service restored")
+    # A hand edit of a field the operator owns is put back.
+    await cluster.call(
+        "PATCH",
+        f"/apis/apps/v1/namespaces/{NS}/deployments/tiny-engine",
+        {"spec": {"replicas": 7}},
+        "application/merge-patch+json",
+    )
+    await eventually(
+        lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine")["spec"]["replicas"] == 1,  # type: ignore[index]
+        what="replicas restored to 1",
+    )
+
+
+async def test_delete_cleans_up(cluster: Cluster, operator: RunningOperator) -> None:
+    await cluster.create_infd(tiny())
+    await eventually(lambda: cluster.get(PDBS, NS, "tiny-engine-pdb"), what="the children")
+    infd = await eventually(
+        lambda: (o := cluster.get(INFD, NS, "tiny")) and o["metadata"].get("finalizers") and o, what="the finalizer"
+    )
+    assert infd["metadata"]["finalizers"] == ["kvfleet.io/operator"]
+    await cluster.delete(f"/apis/kvfleet.io/v1alpha1/namespaces/{NS}/inferencedeployments/tiny")
+    await eventually(lambda: cluster.get(INFD, NS, "tiny") is None, what="the InferenceDeployment to go")
+    for resource, child in (
+        (DEPLOYMENTS, "tiny-engine"),
+        (SERVICES, "tiny-engine"),
+        (CONFIGMAPS, "tiny-engine-spec"),
+        (PDBS, "tiny-engine-pdb"),
+    ):
+        assert cluster.get(resource, NS, child) is None, child
+
+
+async def _sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+async def _quiet(cluster: Cluster, window_s: float = 1.0, timeout_s: float = 10.0) -> None:
+    """Wait until the operator has sent no write for ``window_s`` (queued events, kopf bookkeeping)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    count, since = len(cluster.writes()), loop.time()
+    while loop.time() - since < window_s:
+        assert loop.time() < deadline, f"the operator kept writing: {[str(r.url) for r in cluster.writes()[-5:]]}"
+        await asyncio.sleep(0.1)
+        if len(cluster.writes()) != count:
+            count, since = len(cluster.writes()), loop.time()
+
+
+async def test_service_monitor_when_its_crd_is_served(cluster: Cluster) -> None:
+    cluster.api.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
+        kind="ServiceMonitor",
+        singular="servicemonitor",
+        namespaced=True,
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+    )
+    running = await start_operator(cluster, operator_settings())
+    try:
+        await cluster.create_infd(tiny())
+        monitor = await eventually(lambda: cluster.get(SERVICE_MONITORS, NS, "tiny-engine"), what="the ServiceMonitor")
+        assert monitor["spec"]["selector"]["matchLabels"]["kvfleet.io/deployment"] == "tiny"
+    finally:
+        await stop_operator(running)
+
+
+async def test_measured_cold_start_comes_from_the_launcher(cluster: Cluster, free_port: int) -> None:
+    """A real HTTP launcher endpoint on loopback stands in for the pod's port 9400."""
+    app = web.Application()
+    asked: list[str] = []
+
+    async def coldstart(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.json_response({"totalSeconds": 42.5, "phases": {"pull": 30.0, "load": 12.5}})
+
+    app.router.add_get("/coldstart", coldstart)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", free_port).start()
+    running = await start_operator(cluster, operator_settings(launcher_port=free_port))
+    try:
+        await cluster.create_infd(tiny())
+        await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "tiny-engine-abc",
+                "namespace": NS,
+                "labels": {"app.kubernetes.io/name": "kvfleet-engine", "kvfleet.io/deployment": "tiny"},
+            },
+            "status": {
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2025-01-01T00:00:00Z"}],
+            },
+        }
+        await cluster.call("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+        await cluster.roll_out(NS, "tiny", ready=1)
+        infd = await eventually(
+            lambda: (o := cluster.get(INFD, NS, "tiny")) and "measuredColdStartSeconds" in o["status"] and o,
+            what="measuredColdStartSeconds",
+        )
+        assert infd["status"]["measuredColdStartSeconds"] == 42.5
+        await _sleep(running.settings.resync_interval_s * 3)
+        assert asked == ["/coldstart"]  # asked once per pod, remembered after
+    finally:
+        await stop_operator(running)
+        await runner.cleanup()

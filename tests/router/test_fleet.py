@@ -1,0 +1,125 @@
+"""The fleet in process: memory bounds over many prompts, replicas that leave, and the HTTP wake signal."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from kvfleet.router.fleet import Fleet
+from kvfleet.router.metrics import RouterMetrics
+from kvfleet.router.prompt import block_hashes
+from kvfleet.router.replicas import StaticReplicaSource
+from kvfleet.router.settings import RouterSettings
+from kvfleet.router.wake import HttpWakeSignal, NoWakeSignal, WakeError
+from kvfleet.spec import RoutingSpec
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.slow
+async def test_memory_stays_bounded_over_100k_distinct_prompts() -> None:
+    capacity = 2048
+    settings = RouterSettings(prefix_index_blocks_per_replica=capacity)
+    fleet = Fleet(settings, NoWakeSignal(), RouterMetrics())
+    source = StaticReplicaSource()
+    source.set_deployment("m", routing=RoutingSpec(prefix_block_chars=64))
+    for i in range(4):
+        source.add("m", f"r{i}", f"http://127.0.0.1:{9000 + i}")
+    await source.start(fleet)
+
+    async def route(start: int, stop: int) -> None:
+        for n in range(start, stop):
+            # ~600 characters, distinct from the first block on: nothing is shared, everything is new.
+            prompt = f"{n:08d} " + "distinct prompt text " * 28
+            lease = await fleet.acquire("m", block_hashes(prompt, model="m", block_chars=64, max_blocks=2048))
+            lease.release("ok")
+
+    await route(0, 10_000)  # fills every replica's LRU to its bound
+    assert fleet.index_entries("m") == 4 * capacity
+    baseline = rss_bytes()
+    await route(10_000, 100_000)
+    growth = rss_bytes() - baseline
+    assert fleet.index_entries("m") == 4 * capacity
+    assert growth < 16 * 1024 * 1024, f"RSS grew {growth / 2**20:.1f} MiB over 90k prompts"
+    # Replicas that leave are forgotten entirely.
+    source.remove("m", "r0")
+    source.remove("m", "r1")
+    assert fleet.index_entries("m") == 2 * capacity
+    assert fleet.index("m").replicas() == ["r2", "r3"]  # type: ignore[union-attr]
+    source.remove_deployment("m")
+    assert fleet.index_entries() == 0
+    await fleet.close()
+
+
+async def test_a_url_change_behind_the_same_id_forgets_its_cache() -> None:
+    fleet = Fleet(RouterSettings(), NoWakeSignal(), RouterMetrics())
+    source = StaticReplicaSource()
+    source.add("m", "r0", "http://127.0.0.1:9000")
+    await source.start(fleet)
+    hashes = block_hashes("x" * 1024, model="m", block_chars=128, max_blocks=100)
+    (await fleet.acquire("m", hashes)).release("ok")
+    assert fleet.index_entries("m") == 8
+    source.add("m", "r0", "http://127.0.0.1:9001")  # restarted elsewhere: a cold cache
+    assert fleet.index_entries("m") == 0
+
+
+async def test_http_wake_signal_posts_the_contract_body(free_port: int) -> None:
+    received: list[dict[str, str]] = []
+    status = 202
+
+    async def wake(request: web.Request) -> web.Response:
+        received.append(await request.json())
+        return web.json_response({}, status=status)
+
+    app = web.Application()
+    app.router.add_post("/v1/wake", wake)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", free_port).start()
+    signal = HttpWakeSignal(f"http://127.0.0.1:{free_port}/", timeout_s=2)
+    try:
+        await signal.wake("ns", "llama")
+        assert received == [{"namespace": "ns", "name": "llama"}]
+        status = 500
+        with pytest.raises(WakeError, match="answered 500"):
+            await signal.wake("ns", "llama")
+    finally:
+        await signal.close()
+        await runner.cleanup()
+    unreachable = HttpWakeSignal(f"http://127.0.0.1:{free_port}", timeout_s=1)
+    with pytest.raises(WakeError, match="unreachable"):
+        await unreachable.wake("ns", "llama")
+    await unreachable.close()
+
+
+async def test_wake_is_repeated_while_requests_wait_and_failures_do_not_fail_requests() -> None:
+    calls: list[float] = []
+
+    class FlakyWake:
+        async def wake(self, namespace: str, name: str) -> None:
+            calls.append(asyncio.get_running_loop().time())
+            raise WakeError("autoscaler down")
+
+    fleet = Fleet(RouterSettings(wake_min_interval_s=0.1), FlakyWake(), RouterMetrics())
+    source = StaticReplicaSource()
+    source.set_deployment("m", routing=RoutingSpec(max_queue_wait_seconds=5))
+    await source.start(fleet)
+    waiter = asyncio.create_task(fleet.acquire("m", []))
+    await asyncio.sleep(0.45)
+    assert 3 <= len(calls) <= 6  # at once, then every 0.1 s
+    source.add("m", "r0", "http://127.0.0.1:9000")
+    lease = await asyncio.wait_for(waiter, 1)
+    assert lease.replica_id == "r0"
+    await asyncio.sleep(0.25)
+    settled = len(calls)
+    await asyncio.sleep(0.25)
+    assert len(calls) == settled  # stopped once a replica was there
+    await fleet.close()

@@ -1,0 +1,240 @@
+"""Kubernetes replica discovery against KMock (a real HTTP Kubernetes API emulator), and its pure parts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import kmock
+import pytest
+
+from kvfleet.router.kubernetes_source import KubeApi, KubernetesReplicaSource, build_snapshot, slice_endpoints
+from kvfleet.router.replicas import Snapshot
+
+from .conftest import Backend, running_router, until
+
+IDS = "/apis/kvfleet.io/v1alpha1/namespaces/{ns}/inferencedeployments"
+SLICES = "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
+
+
+def deployment(name: str, ns: str = "team", served: str | None = None, **routing: Any) -> dict[str, Any]:
+    model: dict[str, Any] = {"uri": "s3://models/llama"}
+    if served:
+        model["servedName"] = served
+    return {
+        "apiVersion": "kvfleet.io/v1alpha1",
+        "kind": "InferenceDeployment",
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"model": model, "routing": routing},
+    }
+
+
+def endpoint(
+    pod: str, ip: str, *, ready: bool = True, terminating: bool = False, serving: bool = True
+) -> dict[str, Any]:
+    return {
+        "addresses": [ip],
+        "conditions": {"ready": ready, "serving": serving, "terminating": terminating},
+        "targetRef": {"kind": "Pod", "name": pod, "namespace": "team"},
+    }
+
+
+def endpoint_slice(name: str, owner: str, endpoints: list[dict[str, Any]], ns: str = "team") -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "labels": {"kvfleet.io/deployment": owner, "app.kubernetes.io/name": "kvfleet-engine"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    }
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.snapshots: list[Snapshot] = []
+
+    def apply(self, snapshot: Snapshot) -> None:
+        self.snapshots.append(snapshot)
+
+    @property
+    def last(self) -> Snapshot:
+        return self.snapshots[-1]
+
+
+@pytest.fixture
+async def k8s_url() -> AsyncIterator[str]:
+    k8s = emulator()
+    async with k8s, kmock.Server(k8s) as server:
+        yield str(server.url).rstrip("/")
+
+
+async def kube(session: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> None:
+    headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else None
+    async with session.request(method, url, json=body, headers=headers) as resp:
+        assert resp.status < 300, await resp.text()
+
+
+async def test_watches_deployments_and_ready_endpoints(k8s_url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        await kube(session, "POST", k8s_url + IDS.format(ns="team"), deployment("llama", served="llama-3", maxQueue=7))
+        await kube(
+            session,
+            "POST",
+            k8s_url + SLICES.format(ns="team"),
+            endpoint_slice("llama-engine-abc", "llama", [endpoint("llama-0", "10.0.0.1")]),
+        )
+        # A slice of something else, unlabelled: ignored.
+        other = endpoint_slice("web", "x", [endpoint("web-0", "10.0.9.9")])
+        del other["metadata"]["labels"]
+        await kube(session, "POST", k8s_url + SLICES.format(ns="team"), other)
+
+        source = KubernetesReplicaSource(KubeApi(server=k8s_url), namespace="team", backoff_base_s=0.05)
+        recorder = Recorder()
+        await source.start(recorder)
+        try:
+            view = recorder.last["llama-3"]
+            assert (view.namespace, view.name, view.routing.max_queue) == ("team", "llama", 7)
+            assert [(e.replica_id, e.url, e.draining) for e in view.endpoints] == [
+                ("llama-0", "http://10.0.0.1:8000", False)
+            ]
+            # A scale-up adds a not-yet-ready pod: not routable until ready.
+            url = k8s_url + SLICES.format(ns="team") + "/llama-engine-abc"
+            two = [endpoint("llama-0", "10.0.0.1"), endpoint("llama-1", "10.0.0.2", ready=False)]
+            await kube(session, "PATCH", url, {"endpoints": two})
+            await until(lambda: len(recorder.snapshots) >= 2)
+            assert [e.replica_id for e in recorder.last["llama-3"].endpoints] == ["llama-0"]
+            two[1]["conditions"]["ready"] = True
+            await kube(session, "PATCH", url, {"endpoints": two})
+            await until(lambda: len(recorder.last["llama-3"].endpoints) == 2)
+            # Pod terminating but still serving: draining (no new requests, in-flight finish).
+            two[0]["conditions"].update(ready=False, terminating=True)
+            await kube(session, "PATCH", url, {"endpoints": two})
+            await until(lambda: recorder.last["llama-3"].endpoints[0].draining)
+            # The deployment goes away: the model is no longer served.
+            await kube(session, "DELETE", k8s_url + IDS.format(ns="team") + "/llama")
+            await until(lambda: "llama-3" not in recorder.last)
+        finally:
+            await source.stop()
+
+
+async def test_served_from_zero_replicas_then_a_new_deployment_appears(k8s_url: str) -> None:
+    source = KubernetesReplicaSource(KubeApi(server=k8s_url), backoff_base_s=0.05)
+    recorder = Recorder()
+    await source.start(recorder)
+    try:
+        assert dict(recorder.last) == {}
+        async with aiohttp.ClientSession() as session:
+            await kube(session, "POST", k8s_url + IDS.format(ns="b"), deployment("qwen", ns="b"))
+            await until(lambda: "qwen" in recorder.last)
+            assert recorder.last["qwen"].endpoints == ()  # known model with no replica: the activator holds
+    finally:
+        await source.stop()
+
+
+async def test_unreachable_api_server_fails_start_with_a_reason(free_port: int) -> None:
+    source = KubernetesReplicaSource(KubeApi(server=f"http://127.0.0.1:{free_port}"), request_timeout_s=2)
+    with pytest.raises(Exception, match=r"list /apis/kvfleet\.io"):
+        await source.start(Recorder())
+    await source.stop()
+
+
+def test_snapshot_rules_by_hand() -> None:
+    deployments = {
+        ("a", "llama"): deployment("llama", ns="a"),
+        ("b", "llama"): deployment("llama", ns="b"),  # same served name in another namespace: first wins
+        ("a", "broken"): {"metadata": {"name": "broken", "namespace": "a"}, "spec": {"model": {"uri": "ftp://x"}}},
+    }
+    slices = {
+        ("a", "s1"): endpoint_slice(
+            "s1",
+            "llama",
+            [
+                endpoint("p0", "10.0.0.1"),
+                endpoint("p1", "10.0.0.2", ready=False),
+                endpoint("p2", "10.0.0.3", ready=False, terminating=True),
+                endpoint("p3", "10.0.0.4", ready=False, terminating=True, serving=False),
+                endpoint("p6", "fd00::6"),
+            ],
+            ns="a",
+        ),
+        ("b", "s2"): endpoint_slice("s2", "llama", [endpoint("q0", "10.1.0.1")], ns="b"),
+    }
+    snapshot = build_snapshot(deployments, slices)
+    assert list(snapshot) == ["llama"]
+    view = snapshot["llama"]
+    assert view.namespace == "a"
+    assert [(e.replica_id, e.url, e.draining) for e in view.endpoints] == [
+        ("p0", "http://10.0.0.1:8000", False),
+        ("p2", "http://10.0.0.3:8000", True),
+        ("p6", "http://[fd00::6]:8000", False),
+    ]
+    assert slice_endpoints({"ports": [], "endpoints": [endpoint("x", "10.0.0.1")]}) == []
+
+
+def emulator() -> kmock.KubernetesEmulator:
+    k8s = kmock.KubernetesEmulator()
+    k8s.resources.load_bundled()
+    k8s.resources["kvfleet.io/v1alpha1/inferencedeployments"] = kmock.ResourceInfo(
+        kind="InferenceDeployment",
+        singular="inferencedeployment",
+        namespaced=True,
+        verbs={"list", "watch", "get", "create", "patch", "delete"},
+        subresources={"status"},
+    )
+    return k8s
+
+
+async def test_watch_recovers_after_the_api_server_restarts(free_port: int) -> None:
+    """The API server goes away (watches break) and comes back with changed state: the source lists again."""
+    url = f"http://127.0.0.1:{free_port}"
+    source = KubernetesReplicaSource(KubeApi(server=url), namespace="team", backoff_base_s=0.05, backoff_max_s=0.2)
+    recorder = Recorder()
+    first = emulator()
+    async with first, kmock.Server(first, port=free_port), aiohttp.ClientSession() as session:
+        await kube(session, "POST", url + IDS.format(ns="team"), deployment("old"))
+        await source.start(recorder)
+        assert list(recorder.last) == ["old"]
+    try:
+        second = emulator()
+        async with second, kmock.Server(second, port=free_port), aiohttp.ClientSession() as session:
+            await kube(session, "POST", url + IDS.format(ns="team"), deployment("new"))
+            await until(lambda: list(recorder.last) == ["new"])
+    finally:
+        await source.stop()
+
+
+async def test_router_serves_through_kubernetes_discovery(k8s_url: str, backends: list[Backend]) -> None:
+    """InferenceDeployment + EndpointSlices in the emulator, real replicas behind them, the router in front."""
+    source = KubernetesReplicaSource(KubeApi(server=k8s_url), namespace="team", backoff_base_s=0.05)
+
+    def slice_for(backend: Backend) -> dict[str, Any]:
+        one = endpoint_slice(f"tiny-{backend.replica_id}", "tiny", [endpoint(backend.replica_id, "127.0.0.1")])
+        one["ports"][0]["port"] = backend.port
+        return one
+
+    body = {"model": "tiny-chat", "prompt": "hello"}
+    async with aiohttp.ClientSession() as session, running_router(source) as router:
+        await kube(session, "POST", k8s_url + IDS.format(ns="team"), deployment("tiny", served="tiny-chat"))
+        await until(lambda: router.fleet.view("tiny-chat") is not None)
+        held = asyncio.create_task(session.post(router.url + "/v1/completions", json=body))
+        await until(lambda: router.fleet.queue_depth("tiny-chat") == 1)
+        for backend in backends[:2]:
+            await kube(session, "POST", k8s_url + SLICES.format(ns="team"), slice_for(backend))
+        async with await held as resp:
+            assert resp.status == 200
+        await until(lambda: len(router.fleet.inflight("tiny-chat")) == 2)
+        await kube(session, "DELETE", k8s_url + SLICES.format(ns="team") + f"/tiny-{backends[0].replica_id}")
+        await until(lambda: list(router.fleet.inflight("tiny-chat")) == [backends[1].replica_id])
+        for _ in range(4):
+            async with session.post(router.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                assert resp.headers["X-Kvfleet-Replica"] == backends[1].replica_id

@@ -1,0 +1,137 @@
+"""The picker's parts and strategies, with hand-checkable numbers (block size 4)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvfleet.router.outlier import OutlierDetector
+from kvfleet.router.picking import (
+    BoundedLoadFilter,
+    Candidate,
+    LoadScorer,
+    PickRequest,
+    PrefixScorer,
+    RoutableFilter,
+    build_strategy,
+)
+from kvfleet.router.prefix_index import PrefixIndex
+from kvfleet.router.prompt import block_hashes
+from kvfleet.spec import RoutingSpec
+
+
+def hashes(text: str) -> list[int]:
+    return block_hashes(text, model="m", block_chars=4, max_blocks=100)
+
+
+def cands(**inflight: int) -> list[Candidate]:
+    return [Candidate(name, n) for name, n in inflight.items()]
+
+
+def test_bounded_load_cap_by_hand() -> None:
+    f = BoundedLoadFilter(bound=1.25)
+    # 4 replicas, 8 in flight; with this request 9: mean 2.25, cap ceil(1.25 * 2.25) = ceil(2.8125) = 3.
+    candidates = cands(a=5, b=1, c=1, d=1)
+    assert f.cap(candidates) == 3
+    assert [c.replica_id for c in f.filter(candidates, PickRequest())] == ["b", "c", "d"]
+    # Idle fleet: cap 1, every replica fits.
+    assert f.cap(cands(a=0, b=0)) == 1
+    assert len(f.filter(cands(a=0, b=0), PickRequest())) == 2
+
+
+@pytest.mark.parametrize("loads", [(0,), (3, 0), (9, 9, 0, 1), (5, 5, 5, 5), (100, 0, 0, 0, 0, 0, 0, 0)])
+def test_bounded_load_never_empties_the_set(loads: tuple[int, ...]) -> None:
+    candidates = [Candidate(f"r{i}", n) for i, n in enumerate(loads)]
+    kept = BoundedLoadFilter(bound=1.0).filter(candidates, PickRequest())
+    assert min(c.inflight for c in candidates) in {c.inflight for c in kept}
+
+
+def test_routable_filter_preferences() -> None:
+    f = RoutableFilter()
+    all_ = [Candidate("a", 0, draining=True), Candidate("b", 0, ejected=True), Candidate("c", 0)]
+    assert [c.replica_id for c in f.filter(all_, PickRequest())] == ["c"]
+    # c already failed this request: b (ejected) is not preferred over it, c is retried only if nothing else
+    assert [c.replica_id for c in f.filter(all_, PickRequest(exclude=frozenset({"c"})))] == ["b"]
+    # Everything ejected: panic mode keeps them; draining is never routable.
+    ejected = [Candidate("a", 0, draining=True), Candidate("b", 0, ejected=True)]
+    assert [c.replica_id for c in f.filter(ejected, PickRequest())] == ["b"]
+    assert f.filter([Candidate("a", 0, draining=True)], PickRequest()) == []
+
+
+def test_scorers_by_hand() -> None:
+    index = PrefixIndex(100)
+    index.record("a", hashes("SSSSuuuu"))
+    request = PickRequest(hashes("SSSSvvvvwwww"))
+    assert PrefixScorer(index).score(cands(a=0, b=0), request) == {"a": pytest.approx(1 / 3), "b": 0.0}
+    assert LoadScorer().score(cands(a=3, b=0), request) == {"a": 0.25, "b": 1.0}
+
+
+def test_prefix_strategy_follows_the_cache_then_the_bound() -> None:
+    index = PrefixIndex(100)
+    strategy = build_strategy(RoutingSpec(), index, load_penalty=0.5)
+    prompt = hashes("system prompt shared by all" + " question")
+    index.record("b", prompt)
+    pick = strategy.pick(cands(a=0, b=0, c=0, d=0), PickRequest(prompt))
+    assert pick is not None and pick.replica_id == "b" and pick.match_ratio == 1.0
+    # b is busy beyond the bound: cap = ceil(1.25 * 7 / 4) = 3, b at 3 would become 4.
+    pick = strategy.pick(cands(a=1, b=3, c=1, d=1), PickRequest(prompt))
+    assert pick is not None and pick.replica_id != "b"
+    assert "bounded-load: dropped b" in pick.reason
+    assert strategy.pick([], PickRequest(prompt)) is None
+
+
+def test_prefix_strategy_without_sharing_is_least_load() -> None:
+    strategy = build_strategy(RoutingSpec(), PrefixIndex(100), load_penalty=0.5)
+    pick = strategy.pick(cands(a=2, b=0, c=1), PickRequest(hashes("nothing shared here")))
+    assert pick is not None and pick.replica_id == "b"
+
+
+def test_least_load_and_round_robin() -> None:
+    least = build_strategy(RoutingSpec(strategy="least-load"), PrefixIndex(100), load_penalty=0.5)
+    assert least.pick(cands(a=2, b=1, c=3), PickRequest()).replica_id == "b"  # type: ignore[union-attr]
+    rr = build_strategy(RoutingSpec(strategy="round-robin"), PrefixIndex(100), load_penalty=0.5)
+    picks = [rr.pick(cands(a=9, b=0, c=0), PickRequest()).replica_id for _ in range(6)]  # type: ignore[union-attr]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_equal_scores_share_the_work() -> None:
+    strategy = build_strategy(RoutingSpec(), PrefixIndex(100), load_penalty=0.5)
+    picks = {strategy.pick(cands(a=0, b=0, c=0), PickRequest()).replica_id for _ in range(3)}  # type: ignore[union-attr]
+    assert picks == {"a", "b", "c"}
+
+
+def test_skewed_workload_respects_the_bound() -> None:
+    """One hot prompt, requests arriving faster than they finish: no pick exceeds the bound's cap."""
+    index = PrefixIndex(1000)
+    strategy = build_strategy(RoutingSpec(load_imbalance_bound=1.25), index, load_penalty=0.5)
+    load = {f"r{i}": 0 for i in range(4)}
+    hot = hashes("the one hot system prompt " * 4)
+    for step in range(400):
+        candidates = [Candidate(r, n) for r, n in load.items()]
+        pick = strategy.pick(candidates, PickRequest(hot))
+        assert pick is not None
+        cap = math.ceil(1.25 * (sum(load.values()) + 1) / len(load))
+        assert load[pick.replica_id] + 1 <= cap
+        load[pick.replica_id] += 1
+        index.record(pick.replica_id, hot)
+        if step % 3 == 2:  # one in three finishes, so load keeps growing
+            busiest = max(load, key=lambda r: load[r])
+            load[busiest] -= 1
+    assert max(load.values()) <= math.ceil(1.25 * sum(load.values()) / len(load))
+
+
+def test_outlier_ejection_backs_off_and_recovers() -> None:
+    det = OutlierDetector(failures_to_eject=2, base_ejection_s=1.0, max_ejection_s=3.0)
+    assert det.record_failure("r", now_s=0.0) is None
+    assert det.record_failure("r", now_s=0.0) == 1.0
+    assert det.is_ejected("r", 0.5) and not det.is_ejected("r", 1.0)
+    det.record_failure("r", now_s=1.0)
+    assert det.record_failure("r", now_s=1.0) == 2.0  # doubled
+    det.record_failure("r", now_s=3.0)
+    assert det.record_failure("r", now_s=3.0) == 3.0  # capped
+    det.record_success("r")
+    det.record_failure("r", now_s=10.0)
+    assert det.record_failure("r", now_s=10.0) == 1.0  # a success resets the back-off
+    det.forget("r")
+    assert det.tracked() == []

@@ -1,0 +1,205 @@
+"""Engine artifacts (torch.compile caches, CUDA graphs, engine builds) in S3, keyed by fingerprint.
+
+An artifact is ``<prefix>/<key>.tar`` plus ``<prefix>/<key>.sha256`` (JSON: sha256, size and the
+full fingerprint); the sidecar is written last, so it marks a complete upload. A pull never
+crashes the caller on a bad artifact: missing, corrupt, oversized, unsafe or built for another
+fingerprint are all misses, the bad ones with a warning.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from kvfleet.weight_cache.errors import ArtifactError, UnsafePathError, WeightCacheError
+from kvfleet.weight_cache.fingerprint import Fingerprint
+from kvfleet.weight_cache.manifest import sha256_file
+from kvfleet.weight_cache.s3 import S3Client, S3Uri, error_code, get_bytes
+from kvfleet.weight_cache.safety import check_relative_path
+
+log = logging.getLogger(__name__)
+
+META_NAME = "kvfleet-artifact.json"
+FILES_DIR = "files"
+MAX_SIDECAR_BYTES = 64 << 10
+# vLLM's compile cache is tens to hundreds of MB; engine builds (TensorRT) a few GB.
+DEFAULT_MAX_ARTIFACT_BYTES = 32 << 30
+
+
+@dataclass(frozen=True)
+class ArtifactPushResult:
+    key: str
+    size_bytes: int
+    sha256: str
+    skipped: bool  # an artifact for this fingerprint was already there
+
+
+@dataclass(frozen=True)
+class ArtifactPullResult:
+    hit: bool
+    reason: str
+    key: str
+    size_bytes: int = 0
+    warning: bool = False
+
+
+def artifact_keys(uri: S3Uri, fp: Fingerprint) -> tuple[str, str]:
+    return uri.key(f"{fp.key}.tar"), uri.key(f"{fp.key}.sha256")
+
+
+def push_artifacts(
+    client: S3Client,
+    src_dir: Path,
+    location_uri: str,
+    fp: Fingerprint,
+    *,
+    overwrite: bool = False,
+    max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+) -> ArtifactPushResult:
+    """Tar ``src_dir`` (regular files and directories only) and upload it under ``fp``'s key."""
+    uri = S3Uri.parse(location_uri)
+    tar_key, sum_key = artifact_keys(uri, fp)
+    if not src_dir.is_dir():
+        raise ArtifactError(f"{src_dir}: not a directory")
+    try:
+        existing = get_bytes(client, uri.bucket, sum_key, MAX_SIDECAR_BYTES)
+        if existing is not None and not overwrite:
+            info = json.loads(existing)
+            return ArtifactPushResult(
+                key=fp.key, size_bytes=int(info.get("sizeBytes", 0)), sha256=str(info.get("sha256")), skipped=True
+            )
+        with tempfile.TemporaryDirectory(prefix="kvfleet-artifact-") as tmp:
+            tar_path = Path(tmp) / "artifact.tar"
+            _write_tar(src_dir, tar_path, fp)
+            size = tar_path.stat().st_size
+            if size > max_bytes:
+                raise ArtifactError(f"{src_dir}: artifact is {size} bytes, more than the {max_bytes} allowed")
+            digest = sha256_file(tar_path)
+            client.upload_file(str(tar_path), uri.bucket, tar_key, Config=TransferConfig(max_concurrency=8))
+        sidecar = {"sha256": digest, "sizeBytes": size, "fingerprint": fp.to_wire()}
+        client.put_object(Bucket=uri.bucket, Key=sum_key, Body=json.dumps(sidecar, sort_keys=True).encode())
+    except (ClientError, BotoCoreError) as e:
+        raise ArtifactError(f"push of artifact {fp.key} to {uri} failed: {e}") from e
+    return ArtifactPushResult(key=fp.key, size_bytes=size, sha256=digest, skipped=False)
+
+
+def _write_tar(src_dir: Path, tar_path: Path, fp: Fingerprint) -> None:
+    with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as tar:
+        meta = json.dumps(fp.to_wire(), sort_keys=True).encode()
+        info = tarfile.TarInfo(META_NAME)
+        info.size = len(meta)
+        tar.addfile(info, io.BytesIO(meta))
+        for dirpath, dirnames, filenames in os.walk(src_dir):
+            dirnames.sort()
+            for name in sorted([*dirnames, *filenames]):
+                path = Path(dirpath) / name
+                rel = path.relative_to(src_dir).as_posix()
+                if path.is_symlink():
+                    raise ArtifactError(f"{rel}: symlinks are not stored in artifacts")
+                if not (path.is_file() or path.is_dir()):
+                    raise ArtifactError(f"{rel}: only regular files and directories are stored in artifacts")
+                check_relative_path(rel)
+                member = tar.gettarinfo(str(path), arcname=f"{FILES_DIR}/{rel}")
+                member.uid = member.gid = 0
+                member.uname = member.gname = ""
+                if path.is_file():
+                    with path.open("rb") as f:
+                        tar.addfile(member, f)
+                else:
+                    tar.addfile(member)
+
+
+def pull_artifacts(
+    client: S3Client,
+    location_uri: str,
+    fp: Fingerprint,
+    dest: Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+) -> ArtifactPullResult:
+    """Restore the artifact for ``fp`` into ``dest`` (absent or empty). A hit or a miss, with why."""
+    uri = S3Uri.parse(location_uri)
+    tar_key, sum_key = artifact_keys(uri, fp)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ArtifactError(f"{dest}: artifacts are restored into an absent or empty directory")
+
+    def miss(reason: str, *, warn: bool, size: int = 0) -> ArtifactPullResult:
+        if warn:
+            log.warning("artifact %s ignored: %s", fp.key, reason)
+        return ArtifactPullResult(hit=False, reason=reason, key=fp.key, size_bytes=size, warning=warn)
+
+    try:
+        raw = get_bytes(client, uri.bucket, sum_key, MAX_SIDECAR_BYTES)
+    except (ClientError, BotoCoreError) as e:
+        return miss(f"cannot read {sum_key}: {e}", warn=True)
+    if raw is None:
+        return miss("no artifact for this fingerprint", warn=False)
+    try:
+        sidecar = json.loads(raw)
+        want_sha, size = str(sidecar["sha256"]), int(sidecar["sizeBytes"])
+        stored_fp = sidecar["fingerprint"]
+    except (ValueError, KeyError, TypeError):
+        return miss(f"{sum_key} is not a valid checksum file", warn=True)
+    if stored_fp != fp.to_wire():
+        return miss(f"{sum_key} was built for a different fingerprint; never loaded", warn=True)
+    if size > max_bytes:
+        return miss(f"artifact is {size} bytes, more than the {max_bytes} accepted", warn=True, size=size)
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".kvfleet-artifact-", dir=dest.parent) as tmp:
+        tar_path = Path(tmp) / "artifact.tar"
+        try:
+            client.download_file(uri.bucket, tar_key, str(tar_path), Config=TransferConfig(max_concurrency=8))
+        except (ClientError, BotoCoreError) as e:
+            return miss(f"cannot download {tar_key}: {error_code(e) if isinstance(e, ClientError) else e}", warn=True)
+        got_sha = sha256_file(tar_path)
+        if got_sha != want_sha or tar_path.stat().st_size != size:
+            return miss(f"tarball is corrupt (sha256 {got_sha}, expected {want_sha})", warn=True, size=size)
+        extract_root = Path(tmp) / "extract"
+        try:
+            _safe_extract(tar_path, extract_root, fp, max_bytes)
+        except (tarfile.TarError, OSError, WeightCacheError, ValueError) as e:
+            return miss(f"tarball refused: {e}", warn=True, size=size)
+        files = extract_root / FILES_DIR
+        files.mkdir(exist_ok=True)
+        if dest.exists():
+            dest.rmdir()  # empty, checked above
+        os.replace(files, dest)
+    return ArtifactPullResult(hit=True, reason="restored", key=fp.key, size_bytes=size)
+
+
+def _safe_extract(tar_path: Path, into: Path, fp: Fingerprint, max_bytes: int) -> None:
+    with tarfile.open(tar_path, "r:") as tar:
+        members = tar.getmembers()
+        total = 0
+        meta_seen = False
+        for member in members:
+            if member.name == META_NAME and member.isfile():
+                data = tar.extractfile(member)
+                if data is None or json.loads(data.read()) != fp.to_wire():
+                    raise ArtifactError("the tarball's own fingerprint differs from the one asked for")
+                meta_seen = True
+                continue
+            top, _, rest = member.name.partition("/")
+            if top != FILES_DIR or not rest:
+                raise UnsafePathError(f"{member.name}: unexpected member")
+            check_relative_path(rest)
+            if not (member.isfile() or member.isdir()):
+                raise UnsafePathError(f"{member.name}: links and devices are not restored")
+            total += member.size
+            if total > max_bytes:
+                raise ArtifactError(f"unpacks to more than {max_bytes} bytes")
+        if not meta_seen:
+            raise ArtifactError(f"no {META_NAME} in the tarball")
+        into.mkdir()
+        # The "data" filter re-checks every member (no absolute paths, links out, device files).
+        tar.extractall(into, members=[m for m in members if m.name != META_NAME], filter="data")

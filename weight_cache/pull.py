@@ -1,0 +1,109 @@
+"""``pull_model``: the engine launcher's entry point. Pull a model into the node cache (or find it
+there), and hold a lease on it for as long as the caller uses it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from kvfleet.weight_cache.download import FetchedManifest, PullResult, fetch_manifest, pull_to_dir
+from kvfleet.weight_cache.errors import ManifestError, SourceUnavailableError
+from kvfleet.weight_cache.leases import Lease
+from kvfleet.weight_cache.manifest import Manifest, digest_of
+from kvfleet.weight_cache.node_cache import NodeCache
+from kvfleet.weight_cache.progress import TransferProgress
+from kvfleet.weight_cache.s3 import S3Client, S3Uri, make_client
+from kvfleet.weight_cache.settings import NodeCacheSettings, PullSettings, S3Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PulledModel:
+    """A model in the node cache, leased by this process until ``release()`` (or the process ends)."""
+
+    path: Path
+    digest: str
+    manifest: Manifest
+    hit: bool
+    lease: Lease
+    result: PullResult | None  # the download's figures; None on a hit
+
+    def release(self) -> None:
+        self.lease.release()
+
+    def __enter__(self) -> PulledModel:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def _manifest_for(client: S3Client, uri: S3Uri, cache: NodeCache, expected_digest: str | None) -> FetchedManifest:
+    try:
+        fetched = fetch_manifest(client, uri)
+    except SourceUnavailableError:
+        # S3 is down, but a pinned model already on this node can still start.
+        raw = cache.stored_manifest(expected_digest) if expected_digest else None
+        if raw is None:
+            raise
+        log.warning("S3 unreachable; using the node cache's copy of model %s", expected_digest)
+        return FetchedManifest(manifest=Manifest.from_bytes(raw), raw=raw, digest=digest_of(raw))
+    if expected_digest is not None and fetched.digest != expected_digest:
+        raise ManifestError(
+            f"{uri}: manifest digest is {fetched.digest}, expected {expected_digest} (the model at this prefix changed)"
+        )
+    return fetched
+
+
+def pull_model(
+    source_uri: str,
+    node_cache_root: Path,
+    settings: PullSettings | None = None,
+    *,
+    node_cache_settings: NodeCacheSettings | None = None,
+    s3: S3Settings | None = None,
+    client: S3Client | None = None,
+    progress: TransferProgress | None = None,
+    expected_digest: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> PulledModel:
+    """Make the model at ``source_uri`` (s3://bucket/prefix) available under ``node_cache_root``.
+
+    Concurrent callers on one node pulling the same model coordinate through a file lock: one
+    downloads, the others wait (up to ``lock_timeout_s``) and then reuse it. Before a download,
+    least recently used models without live leases are evicted to respect ``size_limit_bytes``.
+    """
+    settings = settings or PullSettings()
+    uri = S3Uri.parse(source_uri)
+    if client is None:
+        client = make_client(s3 or S3Settings(), max_pool_connections=settings.concurrency)
+    cache = NodeCache(node_cache_root, node_cache_settings, clock=clock)
+    fetched = _manifest_for(client, uri, cache, expected_digest)
+    manifest, digest = fetched.manifest, fetched.digest
+    manifest.check_allowed(allow_pickle=settings.allow_pickle)
+
+    with cache.model_lock(digest):
+        result: PullResult | None = None
+        hit = cache.is_complete(digest, manifest, verify=settings.verify_on_hit)
+        if not hit:
+            cache.discard_invalid(digest)
+            cache.record(digest, manifest, state="pulling")
+            cache.make_room(manifest.total_bytes, keep=digest)
+            staging = cache.staging_path(digest)
+            result = pull_to_dir(client, uri, staging, settings, progress=progress, fetched=fetched)
+            os.replace(staging, cache.model_path(digest))
+            shutil.rmtree(staging, ignore_errors=True)
+        lease = cache.acquire_lease(digest)
+        cache.record(digest, manifest, state="ready", raw_manifest=fetched.raw)
+    return PulledModel(
+        path=cache.model_path(digest), digest=digest, manifest=manifest, hit=hit, lease=lease, result=result
+    )

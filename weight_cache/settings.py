@@ -1,0 +1,102 @@
+"""Typed, validated settings of the weight cache. Units are in the field names; every field has
+bounds, and the defaults say why they are what they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class S3Settings(_Settings):
+    """Which S3 server to talk to and how. Credentials are never fields here: they come from boto3's
+    standard chain (environment, shared files, instance roles) or a mounted Secret directory."""
+
+    endpoint_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=512)] | None = Field(
+        default=None,
+        description="Overrides boto3's standard configuration (AWS_ENDPOINT_URL, config files) when set.",
+    )
+    region: Annotated[str, StringConstraints(max_length=64)] | None = None
+    credentials_dir: Path | None = Field(
+        default=None,
+        description="Directory of a mounted Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
+        "(and optionally AWS_SESSION_TOKEN) files; unset means boto3's standard chain.",
+    )
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # A 64 MiB part at 100 MB/s takes < 1 s; 60 s only fires on a stalled connection.
+    read_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    # botocore's "standard" retry mode handles throttling and 5xx on the request itself.
+    request_attempts: int = Field(default=5, ge=1, le=20)
+
+
+class PullSettings(_Settings):
+    """How a model is downloaded: ranged GETs across and within files."""
+
+    # Ranged GETs in flight at once, across all files. S3 serves ~100 MB/s per connection, so
+    # 8 connections fill a 10 Gb/s link; the loopback benchmark in docs/benchmarks agrees.
+    concurrency: int = Field(default=8, ge=1, le=64)
+    # Large enough that per-request latency (tens of ms on S3 and moto alike) is a small share
+    # of a part's transfer time; small enough that 8 parts in flight spread over several files.
+    part_size_bytes: int = Field(default=32 * MiB, ge=64 * KiB, le=1 * GiB)
+    # Parts are hashed in file order while later parts may already have arrived; this bounds the
+    # bytes held in memory waiting for an earlier part. Must hold at least one part per worker.
+    max_buffered_bytes: int = Field(default=512 * MiB, ge=64 * KiB, le=64 * GiB)
+    # Attempts of one ranged GET on a retryable failure (connection reset, short read, 5xx).
+    part_attempts: int = Field(default=4, ge=1, le=20)
+    # Whole-file downloads after a sha256 mismatch before the pull fails naming the file.
+    file_attempts: int = Field(default=2, ge=1, le=10)
+    retry_backoff_s: float = Field(default=0.5, ge=0, le=60, description="First retry delay; doubles per attempt.")
+    retry_backoff_max_s: float = Field(default=10.0, ge=0, le=600)
+    allow_pickle: bool = Field(default=False, description="Accept pickle-based weights (.bin/.pt/.pth).")
+    # What a node-cache hit checks: "size" stats every file (milliseconds); "sha256" rehashes them.
+    verify_on_hit: Literal["size", "sha256"] = "size"
+    # Each finished file is fsynced before its atomic rename so a crash never leaves a torn file.
+    fsync: bool = True
+
+    @model_validator(mode="after")
+    def _buffer_holds_workers(self) -> PullSettings:
+        if self.max_buffered_bytes < self.concurrency * self.part_size_bytes:
+            raise ValueError(
+                f"max_buffered_bytes ({self.max_buffered_bytes}) must be >= concurrency x part_size_bytes "
+                f"({self.concurrency} x {self.part_size_bytes}) so every worker can hold a part"
+            )
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise ValueError("retry_backoff_max_s must be >= retry_backoff_s")
+        return self
+
+    @property
+    def buffered_parts(self) -> int:
+        return self.max_buffered_bytes // self.part_size_bytes
+
+
+class PopulateSettings(_Settings):
+    """How a model is uploaded: multipart, parallel across and within files."""
+
+    concurrency: int = Field(default=8, ge=1, le=64)
+    # S3 allows at most 10,000 parts per object: 64 MiB parts cover objects up to 625 GiB.
+    part_size_bytes: int = Field(default=64 * MiB, ge=5 * MiB, le=5 * GiB)
+    allow_pickle: bool = False
+    exclude: tuple[Annotated[str, StringConstraints(min_length=1, max_length=256)], ...] = Field(
+        default=(), max_length=64, description="Glob patterns (relative paths) left out of the upload."
+    )
+
+
+class NodeCacheSettings(_Settings):
+    """The node-level cache directory: where models live, how big it may get, how long to wait."""
+
+    size_limit_bytes: int | None = Field(
+        default=None, ge=1, description="Least recently used models not in use are evicted above this."
+    )
+    # Another process may be downloading the same model; a 2 GB/s pull of a 140 GB model takes
+    # ~70 s, a slow 100 MB/s one ~25 min, so the default waits up to an hour.
+    lock_timeout_s: float = Field(default=3600.0, gt=0, le=86_400)
+    lock_poll_s: float = Field(default=0.2, gt=0, le=10)
