@@ -18,12 +18,14 @@ from .sources import LocalWeights, WeightPuller, local_model_path
 
 def default_deps(launch: LaunchSpec, settings: LauncherSettings) -> LaunchDeps:
     """The production collaborators: local paths as they are, remote models via the weight cache."""
+    from .cache_sources import CacheArtifacts, CacheWeights
+
     weights: WeightPuller
     if local_model_path(launch.spec.model.uri, settings.pvc_mount_root) is not None:
         weights = LocalWeights(settings.pvc_mount_root)
     else:
-        raise LaunchError("pull", f"no weight cache available for {launch.spec.model.uri}")
-    return LaunchDeps(weights=weights)
+        weights = CacheWeights(settings.node_cache_dir)
+    return LaunchDeps(weights=weights, artifacts=CacheArtifacts.for_spec(launch.spec))
 
 
 def _configure_logging() -> None:

@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -26,17 +27,9 @@ import aiohttp
 from aiohttp import web
 
 from kvfleet.spec import InferenceDeploymentSpec
+from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint
 
-from .artifacts import (
-    ENGINE_DISTRIBUTIONS,
-    Accelerator,
-    distribution_version,
-    fingerprint_inputs,
-    fingerprint_of,
-    is_complete,
-    mark_complete,
-    probe_accelerator,
-)
+from .artifacts import artifact_fingerprint, is_complete, mark_complete, probe_accelerator
 from .engine_args import EngineCommand, RenderError, RenderInputs, render_engine_command
 from .errors import EngineExitedError, LaunchError, SpecError
 from .launch_spec import LaunchSpec
@@ -70,7 +63,7 @@ class LaunchDeps:
 
 @dataclass
 class _ArtifactsState:
-    fingerprint: str | None = None
+    fingerprint: Fingerprint | None = None
     directory: Path | None = None
     hit: bool = False
     pushed: bool = False
@@ -118,7 +111,7 @@ class Launcher:
                 "servedName": self.launch.served_name,
                 "pod": self.deps.environ.get("KVFLEET_POD_NAME"),
                 "modelDigest": self._weights.digest if self._weights else None,
-                "artifactsFingerprint": self._artifacts.fingerprint,
+                "artifactsFingerprint": self._artifacts.fingerprint.key if self._artifacts.fingerprint else None,
                 "artifactsPushed": self._artifacts.pushed,
             }
         )
@@ -169,33 +162,34 @@ class Launcher:
             if not self.launch.spec.cache.artifacts.enabled or store is None:
                 detail.update(enabled=False)
                 return None
-            kind = self.launch.spec.engine.kind
-            accelerator = await self._in_thread(self.deps.accelerator, self.launch.spec.resources.gpus >= 1)
-            inputs = fingerprint_inputs(
-                self.launch.spec, weights.digest, distribution_version(ENGINE_DISTRIBUTIONS[kind]), accelerator
-            )
-            fingerprint = fingerprint_of(inputs)
-            directory = self.settings.artifacts_dir / fingerprint
+            spec = self.launch.spec
+            accelerator = await self._in_thread(self.deps.accelerator, spec.resources.gpus >= 1)
+            # Compile-relevant flags come from the command the engine will run (paths do not matter).
+            fp = artifact_fingerprint(spec, weights.digest, accelerator, self._render(_DRY_RUN_MODEL, None).argv)
+            directory = self.settings.artifacts_dir / fp.key
             state = self._artifacts
-            state.fingerprint, state.directory = fingerprint, directory
+            state.fingerprint, state.directory = fp, directory
             if is_complete(directory):
                 state.hit, source = True, "node-cache"
             else:
-                state.hit = await self._fetch_artifacts(store, fingerprint, directory)
+                # A directory left by an earlier launch that never completed is not trusted.
+                await self._in_thread(shutil.rmtree, directory, True)
+                state.hit = await self._fetch_artifacts(store, fp, directory)
                 source = "bucket" if state.hit else "miss"
                 if state.hit:
                     mark_complete(directory)
             directory.mkdir(parents=True, exist_ok=True)
-            detail.update(enabled=True, fingerprint=fingerprint, hit=state.hit, source=source)
+            detail.update(enabled=True, fingerprint=fp.key, hit=state.hit, source=source)
         self.metrics.set_cache_hit("artifacts", state.hit)
         return directory
 
-    async def _fetch_artifacts(self, store: ArtifactStore, fingerprint: str, directory: Path) -> bool:
+    async def _fetch_artifacts(self, store: ArtifactStore, fp: Fingerprint, directory: Path) -> bool:
         # Artifacts only make a start faster: a bucket that fails here costs a rebuild, not the launch.
         try:
-            return await self._in_thread(store.fetch, fingerprint, directory)
+            return await self._in_thread(store.fetch, fp, directory)
         except LaunchError as e:
-            _log_event("artifacts_unavailable", fingerprint=fingerprint, reason=e.reason)
+            _log_event("artifacts_unavailable", fingerprint=fp.key, reason=e.reason)
+            await self._in_thread(shutil.rmtree, directory, True)
             return False
 
     async def _start_engine(self, command: EngineCommand) -> EngineProcess:
@@ -220,12 +214,12 @@ class Launcher:
         except (TimeoutError, LaunchError) as e:
             limit_s = self.settings.artifact_push_timeout_s
             reason = e.reason if isinstance(e, LaunchError) else f"timed out after {limit_s:g} s"
-            _log_event("artifacts_push_failed", fingerprint=state.fingerprint, reason=reason)
+            _log_event("artifacts_push_failed", fingerprint=state.fingerprint.key, reason=reason)
             return
         mark_complete(state.directory)
         state.pushed = True
         self.metrics.artifacts_pushed.set(1)
-        _log_event("artifacts_pushed", fingerprint=state.fingerprint, seconds=round(self.deps.clock() - start, 4))
+        _log_event("artifacts_pushed", fingerprint=state.fingerprint.key, seconds=round(self.deps.clock() - start, 4))
 
     async def _run_phases(self, session: aiohttp.ClientSession) -> int:
         weights = await self._pull()

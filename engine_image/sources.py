@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from kvfleet.weight_cache.fingerprint import Fingerprint
+
 from .errors import LaunchError
 from .launch_spec import LaunchSpec
 
@@ -48,12 +50,12 @@ class WeightPuller(Protocol):
 class ArtifactStore(Protocol):
     """Fingerprinted engine artifacts (compile caches) in the weight cache bucket."""
 
-    def fetch(self, fingerprint: str, dest: Path) -> bool:
-        """Unpack the artifacts for ``fingerprint`` into ``dest``; False when there are none."""
+    def fetch(self, fp: Fingerprint, dest: Path) -> bool:
+        """Unpack the artifacts for ``fp`` into ``dest`` (absent or empty); False when there are none."""
         ...
 
-    def push(self, fingerprint: str, src: Path) -> None:
-        """Upload ``src`` as the artifacts for ``fingerprint``."""
+    def push(self, fp: Fingerprint, src: Path) -> None:
+        """Upload ``src`` as the artifacts for ``fp``."""
         ...
 
 
@@ -80,7 +82,7 @@ def stat_digest(directory: Path) -> str:
             count += 1
             if count > MAX_LOCAL_FILES:
                 raise LaunchError("pull", f"{directory} holds more than {MAX_LOCAL_FILES} files; is it a model?")
-    return "stat-" + h.hexdigest()
+    return h.hexdigest()
 
 
 class LocalWeights:

@@ -25,6 +25,7 @@ from kvfleet.engine_image.launcher import LaunchDeps, Launcher
 from kvfleet.engine_image.settings import LauncherSettings
 from kvfleet.engine_image.sources import LocalWeights
 from kvfleet.spec import InferenceDeploymentSpec
+from kvfleet.weight_cache.fingerprint import Fingerprint
 
 STANDIN = Path(__file__).with_name("standin_engine.py")
 
@@ -48,18 +49,18 @@ class DirArtifactStore:
         self.release_push.set()
         self.pushed: list[str] = []
 
-    def fetch(self, fingerprint: str, dest: Path) -> bool:
-        src = self.root / fingerprint
+    def fetch(self, fp: Fingerprint, dest: Path) -> bool:
+        src = self.root / fp.key
         if not src.is_dir():
             return False
         shutil.copytree(src, dest, dirs_exist_ok=True)
         return True
 
-    def push(self, fingerprint: str, src: Path) -> None:
+    def push(self, fp: Fingerprint, src: Path) -> None:
         if not self.release_push.wait(timeout=30):
             raise LaunchError("serve", "push was never released")
-        shutil.copytree(src, self.root / fingerprint, dirs_exist_ok=True)
-        self.pushed.append(fingerprint)
+        shutil.copytree(src, self.root / fp.key, dirs_exist_ok=True)
+        self.pushed.append(fp.key)
 
 
 @pytest.fixture
@@ -130,7 +131,7 @@ async def test_phases_are_recorded_served_and_sigterm_drains_the_engine(tmp_path
         assert report["phases"]["pull"]["source"] == "local"
         assert report["phases"]["artifacts"]["hit"] is False
         assert report["totalSeconds"] == pytest.approx(sum(p["seconds"] for p in report["phases"].values()), abs=1e-3)
-        assert report["servedName"] == "tiny" and report["modelDigest"].startswith("stat-")
+        assert report["servedName"] == "tiny" and len(report["modelDigest"]) == 64
         assert report["artifactsPushed"] is False and store.pushed == []  # ready while the push is held
 
         status, metrics = await get(f"http://127.0.0.1:{settings.metrics_port}/metrics")
