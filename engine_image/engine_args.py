@@ -23,6 +23,10 @@ INDUCTOR_CACHE_SUBDIR = "inductor"
 TRITON_CACHE_SUBDIR = "triton"
 REFERENCE_ARTIFACTS_SUBDIR = "reference"
 
+# The file the reference engine writes last when its runtime artifact is saved (after it is ready,
+# in the background): the launcher pushes only once it exists. Engine's runtime_artifacts.META_FILE.
+REFERENCE_ARTIFACTS_MARKER = "runtime.json"
+
 # SGLang names fp8 KV caches by their exact format; "fp8" means e4m3 in vLLM's convention too.
 SGLANG_KV_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
@@ -223,6 +227,14 @@ def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> Eng
     return EngineCommand(
         argv=(*argv, *engine.extra_args), env=_compile_cache_env(inputs.artifacts_dir), notes=tuple(notes)
     )
+
+
+def artifacts_ready_marker(kind: str) -> str | None:
+    """A path under the artifacts directory that exists once the engine finished writing them, or
+    None when they are complete as soon as the engine is ready (vLLM and SGLang compile at start)."""
+    if kind == "reference":
+        return f"{REFERENCE_ARTIFACTS_SUBDIR}/{REFERENCE_ARTIFACTS_MARKER}"
+    return None
 
 
 def render_engine_command(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCommand:

@@ -30,7 +30,7 @@ from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint
 
 from .artifacts import artifact_fingerprint, is_complete, mark_complete, probe_accelerator
-from .engine_args import EngineCommand, RenderError, RenderInputs, render_engine_command
+from .engine_args import EngineCommand, RenderError, RenderInputs, artifacts_ready_marker, render_engine_command
 from .errors import EngineExitedError, LaunchError, SpecError
 from .launch_spec import LaunchSpec
 from .metrics_server import ColdStartMetrics, make_app, start_metrics_server
@@ -43,6 +43,7 @@ from .supervisor import EngineProcess, engine_environment
 log = logging.getLogger("kvfleet.engine_image.launcher")
 T = TypeVar("T")
 
+ARTIFACT_POLL_S = 0.2
 # The model path the early dry-run render uses: only its validity checks matter there.
 _DRY_RUN_MODEL = Path("/model")
 
@@ -206,11 +207,12 @@ class Launcher:
         state, store = self._artifacts, self.deps.artifacts
         assert state.fingerprint is not None and state.directory is not None and store is not None
         start = self.deps.clock()
+        marker = artifacts_ready_marker(self.launch.spec.engine.kind)
         try:
-            await asyncio.wait_for(
-                self._in_thread(store.push, state.fingerprint, state.directory),
-                timeout=self.settings.artifact_push_timeout_s,
-            )
+            async with asyncio.timeout(self.settings.artifact_push_timeout_s):
+                if marker is not None:
+                    await self._wait_for_file(state.directory / marker)
+                await self._in_thread(store.push, state.fingerprint, state.directory)
         except (TimeoutError, LaunchError) as e:
             limit_s = self.settings.artifact_push_timeout_s
             reason = e.reason if isinstance(e, LaunchError) else f"timed out after {limit_s:g} s"
@@ -220,6 +222,13 @@ class Launcher:
         state.pushed = True
         self.metrics.artifacts_pushed.set(1)
         _log_event("artifacts_pushed", fingerprint=state.fingerprint.key, seconds=round(self.deps.clock() - start, 4))
+
+    async def _wait_for_file(self, path: Path) -> None:
+        # The engine finishes writing its artifacts after it is ready; poll (bounded by the caller).
+        while not await self._in_thread(path.exists):
+            if self._engine is not None and self._engine.returncode is not None:
+                raise LaunchError("serve", f"engine exited before it wrote {path.name}")
+            await asyncio.sleep(ARTIFACT_POLL_S)
 
     async def _run_phases(self, session: aiohttp.ClientSession) -> int:
         weights = await self._pull()
