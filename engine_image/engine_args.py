@@ -71,6 +71,9 @@ class RenderInputs:
     host: str = "0.0.0.0"
     artifacts_dir: Path | None = None
     reference: ReferenceEngineSizing = field(default_factory=ReferenceEngineSizing)
+    # How to run kvfleet's CLI; the launcher passes its own interpreter so the reference engine
+    # runs in the same environment whether or not a `kvfleet` script is on PATH.
+    kvfleet_command: tuple[str, ...] = ("kvfleet",)
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> Eng
     _reference_unsupported(engine)
     sizing = inputs.reference
     argv = [
-        "kvfleet",
+        *inputs.kvfleet_command,
         "engine",
         "serve",
         "--model",

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -143,6 +144,7 @@ class Launcher:
             host=self.settings.engine_host,
             artifacts_dir=artifacts_dir,
             reference=self.settings.reference,
+            kvfleet_command=(sys.executable, "-m", "kvfleet.cli"),
         )
         try:
             return self.deps.render(self.launch.spec, inputs)

@@ -197,3 +197,9 @@ def test_notes_say_why_a_field_had_no_effect() -> None:
 def test_reference_sizing_bounds(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         ReferenceEngineSizing(**bad)
+
+
+def test_reference_runs_through_the_given_interpreter() -> None:
+    command = ("/opt/venv/bin/python", "-m", "kvfleet.cli")
+    argv = render_engine_command(make_spec("reference"), inputs(kvfleet_command=command)).argv
+    assert argv[:5] == (*command, "engine", "serve")

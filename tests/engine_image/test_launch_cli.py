@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import pick_free_port
+from tests.conftest import pick_free_port
 
 LAUNCH = [sys.executable, "-m", "kvfleet.engine_image.launch_cli"]
 

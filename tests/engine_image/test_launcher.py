@@ -16,7 +16,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import pick_free_port
 
 from kvfleet.engine_image.engine_args import EngineCommand, RenderInputs
 from kvfleet.engine_image.errors import LaunchError, SpecError
@@ -26,6 +25,7 @@ from kvfleet.engine_image.settings import LauncherSettings
 from kvfleet.engine_image.sources import LocalWeights
 from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.weight_cache.fingerprint import Fingerprint
+from tests.conftest import pick_free_port
 
 STANDIN = Path(__file__).with_name("standin_engine.py")
 
