@@ -123,7 +123,8 @@ def test_launcher_requirements_cover_its_imports(repo_root: Path) -> None:
     # Modules the interpreter loads by itself (site hooks such as _distutils_hack) are not the launcher's.
     code = (
         "import sys, json; before = set(sys.modules);"
-        "import kvfleet.engine_image.cli_main, kvfleet.engine_image.launch_cli;"
+        "import kvfleet.engine_image.cli_main, kvfleet.engine_image.launch_cli, kvfleet.engine_image.cache_sources;"
+        "import kvfleet.engine.cli, kvfleet.cli;"
         "print(json.dumps(sorted({m.split('.')[0] for m in set(sys.modules) - before})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
