@@ -8,7 +8,7 @@ log line naming it: one bad object must not stop the others from scaling.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +30,8 @@ class Scaled:
     spec: AutoscalingSpec
     current_replicas: int
     """The count in force: status.desiredReplicas, else status.replicas, else minReplicas."""
+    status_desired: int | None = None
+    """status.desiredReplicas as read (None when never written)."""
 
 
 def scaled_from(deployment: InferenceDeployment, engine_urls: tuple[str, ...] = ()) -> Scaled | None:
@@ -49,7 +51,8 @@ def scaled_from(deployment: InferenceDeployment, engine_urls: tuple[str, ...] = 
         measured_cold_start_s=status.measured_cold_start_seconds if status else None,
         engine_urls=engine_urls,
     )
-    return Scaled(target, spec, spec.min_replicas if current is None else current)
+    status_desired = status.desired_replicas if status is not None else None
+    return Scaled(target, spec, spec.min_replicas if current is None else current, status_desired)
 
 
 class DeploymentSource(Protocol):
@@ -103,3 +106,19 @@ class StaticDeployments:
 
     async def list(self) -> list[Scaled]:
         return list(self.items)
+
+    def observe_replicas(self, key: str, ready_replicas: int, engine_urls: tuple[str, ...]) -> None:
+        """Local mode reports which engines are up (the operator's status does this in a cluster)."""
+        self.items = [
+            replace(s, target=replace(s.target, ready_replicas=ready_replicas, engine_urls=engine_urls))
+            if s.target.key == key
+            else s
+            for s in self.items
+        ]
+
+    def record_desired(self, key: str, desired: int) -> None:
+        """What an in-process actuator applied, as the operator's status would show it."""
+        self.items = [
+            replace(s, current_replicas=desired, status_desired=desired) if s.target.key == key else s
+            for s in self.items
+        ]

@@ -7,13 +7,17 @@ Rules, in the order they apply (every decision names the rule in ``reason`` and 
    while replicas are ready, or a non-finite value: hold the current count (``metrics_stale``).
    Never scale to zero on absent data; the idle clock restarts, since idleness was not observed.
    A router wake still wakes a deployment at zero (the wake is itself evidence of demand).
-2. **Signals.** load = max(engine running + waiting, router in-flight) + router queue. Each signal
-   proposes ceil(load / per-replica target): concurrency over the stable window (Knative's 60 s),
-   or over the panic window (6 s) while panicking; KV-cache and GPU utilization as
-   ceil(ready x utilization / target); TTFT p90 above the SLO as ceil(ready x p90 / SLO) (capped);
-   and a Holt forecast of the arrival rate ``coldStartSeconds`` ahead (the measured cold start
-   when known): the growth it expects, turned into concurrency with Little's law (latency =
-   load / arrival rate, smoothed), is added to the stable load. The proposal is the max.
+2. **Signals.** load = max(engine running + waiting, router in-flight) + the router queue (in full
+   until the service time S is learnt, then as queue x S / coldStartSeconds: the load that drains
+   it within one cold start). Each signal proposes ceil(load / per-replica target): concurrency
+   over the stable window (Knative's 60 s), or over the panic window (6 s) while panicking;
+   KV-cache and (when a target is set) GPU utilization as ceil(ready x utilization / target);
+   TTFT p90 above the SLO as ceil(ready x p90 / SLO) (capped; with all replicas ready, at most
+   once per window + cold start, since p90 lags); while requests queue,
+   ceil(arrival rate x S / target); and a Holt forecast of the arrival rate ``coldStartSeconds``
+   ahead (the measured cold start when known), whose expected growth, times S (Little's law:
+   in-service load / arrival rate while nothing queues, smoothed), is added to the stable load.
+   The proposal is the max.
 3. **Panic.** When the panic-window proposal reaches ``panic_threshold_ratio`` x the current count,
    panic for one stable window: use the panic proposal and never scale down.
 4. **Scale to zero** after ``scaleToZeroAfterSeconds`` with no traffic at all (minReplicas 0);
@@ -71,12 +75,16 @@ class PolicySettings:
     """Knative's default: panic when the 6 s proposal is 200% of the current count."""
     max_metrics_age_s: float = 30.0
     """Older samples are stale (two Prometheus scrapes at the usual 15 s interval)."""
-    scale_down_max_fraction: float = 0.5
-    """Remove at most this share of replicas per step (Knative's max-scale-down-rate 2); >= 1 always."""
+    scale_down_max_fraction: float = 0.25
+    """Remove at most this share of replicas per step (>= 1 always). A replica's concurrency grows
+    faster than its arrival rate near saturation, so a big cut looks safe and is not: small steps,
+    each observed before the next."""
     scale_down_step_interval_s: float = 30.0
     """Least time between two scale-down steps, so each step's effect is seen before the next."""
-    target_gpu_utilization: float = 0.9
-    """DCGM GPU utilization saturates at any load, so only a near-full GPU adds replicas."""
+    target_gpu_utilization: float | None = None
+    """Off by default: DCGM_FI_DEV_GPU_UTIL is the share of time any kernel ran, so it reads ~100%
+    as soon as one request is in flight and would add a replica on every tick. Set a target only
+    for a GPU metric that tracks load (e.g. SM activity)."""
     ttft_max_scale_factor: float = 2.0
     """A TTFT breach at most doubles the replicas in one decision."""
     forecast: HoltSettings = field(default_factory=HoltSettings)
@@ -93,7 +101,7 @@ class PolicySettings:
             "max_metrics_age_s": self.max_metrics_age_s > 0,
             "scale_down_max_fraction": 0.0 < self.scale_down_max_fraction <= 1.0,
             "scale_down_step_interval_s": self.scale_down_step_interval_s >= 0,
-            "target_gpu_utilization": 0.0 < self.target_gpu_utilization <= 1.0,
+            "target_gpu_utilization": self.target_gpu_utilization is None or 0 < self.target_gpu_utilization <= 1,
             "ttft_max_scale_factor": self.ttft_max_scale_factor > 1.0,
             "latency_alpha": 0.0 < self.latency_alpha <= 1.0,
             "max_forecast_growth_ratio": self.max_forecast_growth_ratio >= 1.0,
@@ -124,6 +132,8 @@ class PolicyState:
     latency_s: float | None = None
     stale_since_s: float | None = None
     """Start of the current stale episode (None while metrics are fresh)."""
+    last_scale_up_at_s: float | None = None
+    """When the count last went up (for any reason)."""
 
 
 def initial_state(current_replicas: int, now_s: float) -> PolicyState:
@@ -222,19 +232,30 @@ def decide(
         return Decision(held, reason, detail, stale_state)
 
     # Fresh data from here on.
-    load = max(obs.engine_concurrency or 0.0, obs.router_in_flight or 0.0) + (obs.queue_depth or 0.0)
+    in_service = max(obs.engine_concurrency or 0.0, obs.router_in_flight or 0.0)
+    queue = obs.queue_depth or 0.0
     rate = obs.arrival_rate_rps or 0.0
+    horizon_s = obs.measured_cold_start_s if obs.measured_cold_start_s is not None else spec.cold_start_seconds
+    latency_s = state.latency_s
+    if rate > 0 and in_service > 0 and queue == 0:
+        # Service time by Little's law, learnt only while nothing queues (a backlog would inflate it).
+        little_s = in_service / rate
+        latency_s = little_s if latency_s is None else latency_s + settings.latency_alpha * (little_s - latency_s)
+    # A queued request counts in full until the service time is known. After that the queue counts
+    # as the load that drains it within one cold start (queue x service time / cold start): a replica
+    # asked for now serves nothing sooner, and counting every queued request as concurrency would
+    # keep adding replicas while the first ones are still starting.
+    queue_weight = 1.0 if latency_s is None else min(1.0, latency_s / max(horizon_s, 1.0))
+    load = in_service + queue_weight * queue
     samples = tuple(s for s in _append_bounded(state.samples, (now, load), limit) if s[0] > now - spec.window_seconds)
     stable_load = _mean_since(samples, now - spec.window_seconds)
     panic_load = _mean_since(samples, now - spec.panic_window_seconds)
     traffic = load > 0 or rate > 0 or obs.wake_requested
-    last_traffic = now if traffic else state.last_traffic_at_s
+    # Idleness counts only over fresh observations: the first fresh tick after a stale episode
+    # restarts the idle clock, whenever the last stale tick was.
+    last_traffic = now if traffic or state.stale_since_s is not None else state.last_traffic_at_s
 
     forecast = holt_update(state.forecast, rate, now, settings.forecast)
-    latency_s = state.latency_s
-    if rate > 0 and load > 0:
-        little_s = load / rate
-        latency_s = little_s if latency_s is None else latency_s + settings.latency_alpha * (little_s - latency_s)
 
     target = spec.target_concurrency_per_replica
     stable_n = math.ceil(stable_load / target)
@@ -255,14 +276,24 @@ def decide(
     if ready > 0 and obs.kv_cache_utilization is not None:
         n = math.ceil(ready * obs.kv_cache_utilization / spec.target_kv_cache_utilization)
         proposals["kv_cache"] = (n, f"KV cache {obs.kv_cache_utilization:.0%} on {ready} ready")
-    if ready > 0 and obs.gpu_utilization is not None:
-        n = math.ceil(ready * obs.gpu_utilization / settings.target_gpu_utilization)
+    gpu_target = settings.target_gpu_utilization
+    if ready > 0 and obs.gpu_utilization is not None and gpu_target is not None:
+        n = math.ceil(ready * obs.gpu_utilization / gpu_target)
         proposals["gpu_utilization"] = (n, f"GPU utilization {obs.gpu_utilization:.0%} on {ready} ready")
     slo_s = spec.ttft_slo_seconds
-    if ready > 0 and slo_s is not None and obs.ttft_p90_s is not None and obs.ttft_p90_s > slo_s:
+    # TTFT p90 lags (a window of past requests), so it acts only with every replica ready and no
+    # scale-up for a stable window + cold start: long enough for the last one to show in a fresh p90.
+    last_up = state.last_scale_up_at_s
+    ttft_quiet = last_up is None or now - last_up >= spec.window_seconds + horizon_s
+    if ready >= current > 0 and ttft_quiet and slo_s is not None and (obs.ttft_p90_s or 0.0) > slo_s:
+        assert obs.ttft_p90_s is not None
         n = math.ceil(ready * min(obs.ttft_p90_s / slo_s, settings.ttft_max_scale_factor))
         proposals["ttft"] = (n, f"TTFT p90 {obs.ttft_p90_s:.2f}s > SLO {slo_s:g}s on {ready} ready")
-    horizon_s = obs.measured_cold_start_s if obs.measured_cold_start_s is not None else spec.cold_start_seconds
+    if queue > 0 and latency_s is not None and rate > 0:
+        # Engines are saturated (requests queue), so their concurrency understates demand: size for
+        # the arrival rate at the learnt service time.
+        n = math.ceil(rate * latency_s / target)
+        proposals["arrivals"] = (n, f"arrivals {rate:.2f}/s x service {latency_s:.2f}s while {queue:.0f} queue")
     rate_ahead = holt_forecast(forecast, horizon_s)
     if latency_s is not None and rate_ahead > forecast.level_rps:
         # Only the growth expected before a new replica could be ready is added to today's load, so
@@ -275,7 +306,7 @@ def decide(
             f"latency {latency_s:.2f}s, load {stable_load:.1f} + {growth:.1f}",
         )
     signal, (proposal, why) = max(proposals.items(), key=lambda item: item[1][0])
-    target_note = f"/ {target:g} per replica" if signal in ("concurrency", "panic", "forecast") else ""
+    target_note = f"/ {target:g} per replica" if signal in ("concurrency", "panic", "forecast", "arrivals") else ""
     why = f"{signal}: {why} {target_note}".rstrip()
 
     next_state = replace(
@@ -294,6 +325,7 @@ def decide(
         kept = tuple(p for p in state.proposals if p[0] > now - spec.scale_down_delay_seconds)
         final = replace(
             next_state,
+            last_scale_up_at_s=now if desired > current else state.last_scale_up_at_s,
             desired_replicas=desired,
             proposals=_append_bounded(kept, (now, recorded), limit),
             last_scale_down_at_s=now if scaled_down else state.last_scale_down_at_s,

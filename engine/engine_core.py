@@ -169,7 +169,7 @@ class EngineCore:
             token_ids.extend(c.seq.token_ids[c.start : c.start + c.num_tokens])
             positions.extend(range(c.start, c.start + c.num_tokens))
             slot_rows.append(slots[i, c.start : c.start + c.num_tokens])
-            if c.completes:
+            if c.samples:
                 logits_rows.append(row + c.num_tokens - 1)
                 sampled.append(c)
             if c.num_tokens > 1:

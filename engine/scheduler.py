@@ -30,11 +30,8 @@ class ScheduledChunk:
     seq: Sequence
     start: int  # first token position computed this step
     num_tokens: int
-
-    @property
-    def completes(self) -> bool:
-        """After this chunk every known token is computed, so the step samples a next token."""
-        return self.start + self.num_tokens == self.seq.num_tokens
+    # After this chunk every known token is computed, so the step samples a next token.
+    samples: bool
 
 
 @dataclass(frozen=True)
@@ -107,7 +104,7 @@ class Scheduler:
                 break  # seq itself was the newest and got preempted; nothing after it is left
             if need > 0:
                 seq.block_table.extend(self.pool.allocate(need))
-            out.chunks.append(ScheduledChunk(seq, start, n))
+            out.chunks.append(ScheduledChunk(seq, start, n, start + n == seq.num_tokens))
             budget -= n
             i += 1
         if out.preempted:
@@ -134,7 +131,7 @@ class Scheduler:
                 seq.num_cached_prompt_tokens = start
             self.waiting.popleft()
             self.running.append(seq)
-            out.chunks.append(ScheduledChunk(seq, start, n))
+            out.chunks.append(ScheduledChunk(seq, start, n, start + n == seq.num_tokens))
             budget -= n
         return out
 

@@ -13,10 +13,13 @@ import click
 # name -> ("module:attribute", one-line help). A component adds its group here.
 LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "crd": ("kvfleet.crd_cli:crd", "Generate or check the InferenceDeployment CRD."),
+    "autoscaler": ("kvfleet.autoscaler.cli:autoscaler", "Scale deployments on traffic and utilization, to zero."),
+    "operator": ("kvfleet.operator.cli:operator", "Run the Kubernetes operator; print its RBAC."),
     "cache": ("kvfleet.weight_cache.cli:cache", "Populate and pull models through the S3 weight cache."),
     "artifacts": ("kvfleet.weight_cache.cli:artifacts", "Push and pull fingerprinted engine artifacts."),
     "router": ("kvfleet.router.cli:router", "Run the OpenAI-compatible, prefix-aware router."),
     "engine": ("kvfleet.engine.cli:engine", "Serve a model with the reference engine, or build a tiny test model."),
+    "local": ("kvfleet.local_cli:local", "Run deployments on this machine: engines, router, autoscaler."),
 }
 
 

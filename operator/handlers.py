@@ -38,8 +38,9 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
     settings.posting.reporting_component = "kvfleet-operator"
-    settings.networking.request_timeout = ours.api_timeout_s * 10  # watches are long-lived requests
-    settings.execution.max_workers = 4
+    # Serve the resources found at startup only: no list/watch on CRDs and namespaces in RBAC.
+    # The chart installs the CRD before the operator; a new CRD version needs an operator restart.
+    settings.scanning.disabled = True
     settings.peering.name = ours.peering_name or "kvfleet"
     settings.peering.priority = ours.priority
     settings.peering.lifetime = ours.peering_lifetime_s

@@ -21,7 +21,7 @@ from . import names
 from .coldstart import ColdStartProbe
 from .conditions import DeploymentObservation, Observed, plan_status
 from .drift import first_difference
-from .kube import KubeClient, NotFound, Ref, Rejected
+from .kube import KubeClient, KubeError, NotFound, Ref, Rejected
 from .render import (
     CHILD_KINDS,
     DEPLOYMENT,
@@ -206,7 +206,12 @@ class Reconciler:
             return None
         if not ((deployment.get("status") or {}).get("readyReplicas") or 0):
             return None
-        pods = await self._client.list(PODS, namespace, names.selector_string(name))
+        try:
+            pods = await self._client.list(PODS, namespace, names.selector_string(name))
+        except KubeError as e:
+            # The figure is informative only; it must never hold up a reconcile.
+            log.info("cannot list engine pods of %s/%s for the cold-start figure: %s", namespace, name, e)
+            return None
         return await self._coldstart.latest(pods)
 
     async def _write_status(

@@ -60,6 +60,9 @@ async def run_operator(
             standalone=settings.peering_name is None,
             peering_name=settings.peering_name,
             priority=settings.priority,
+            liveness_endpoint=(
+                f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port is not None else None
+            ),
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )

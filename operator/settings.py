@@ -33,8 +33,12 @@ class OperatorSettings(BaseModel):
     )
     # --- the shared router (installed by the chart) that status.endpoint points at
     router_endpoint: Annotated[str, StringConstraints(pattern=r"^https?://[^\s]+$", max_length=512)] = Field(
-        default="http://kvfleet-router.kvfleet-system.svc:8000/v1",
+        # The chart's router Service for a release named "kvfleet" in kvfleet-system, port 80.
+        default="http://kvfleet-router.kvfleet-system.svc/v1",
         description="OpenAI base URL of the shared router; written to status.endpoint.",
+    )
+    health_port: int | None = Field(
+        default=None, ge=1, le=65535, description="Serve kopf's liveness probe on :PORT/healthz (None: off)."
     )
     # --- images
     images: dict[EngineKind, Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(

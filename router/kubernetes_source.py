@@ -71,14 +71,12 @@ class KubeApi:
 
         configuration = client.Configuration()
         config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
-        token_file = None
         if configuration.api_key.get("authorization"):
-            # kubeconfig tokens are inline; keep them out of this object by writing nothing and
-            # refusing: the router in a cluster uses its service account, locally a client cert.
+            # A kubeconfig token is inline: this object holds secrets only by file reference. In a
+            # cluster the router uses its service account; outside, a client certificate.
             raise KubeApiError("kubeconfig token auth is not supported here; use in-cluster or a client certificate")
         return cls(
             server=configuration.host,
-            token_file=token_file,
             ca_file=Path(configuration.ssl_ca_cert) if configuration.ssl_ca_cert else None,
             client_cert_file=Path(configuration.cert_file) if configuration.cert_file else None,
             client_key_file=Path(configuration.key_file) if configuration.key_file else None,

@@ -181,7 +181,10 @@ class Proxy:
         """Send the request and read its first body bytes: everything here may still be retried."""
         try:
             upstream = await self._session().post(lease.url + path_qs, data=raw, headers=headers, timeout=self._timeout)
-        except aiohttp.ClientConnectionError as e:  # refused, reset, disconnected before the headers
+        except aiohttp.SocketTimeoutError as e:
+            # Connected and sent, then silence: the replica may still be working on it, so no retry.
+            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
+        except aiohttp.ClientConnectionError as e:  # refused, connect timeout, reset or closed before the headers
             raise UpstreamAttemptError(lease.replica_id, f"{type(e).__name__}: {e}") from e
         except TimeoutError as e:
             raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
@@ -190,6 +193,9 @@ class Proxy:
                 # Draining or still loading: nothing was done, try another replica.
                 raise UpstreamAttemptError(lease.replica_id, "answered 503 (draining or not ready)")
             first = await upstream.content.readany()
+        except aiohttp.SocketTimeoutError as e:
+            upstream.close()
+            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response body in time") from e
         except aiohttp.ClientConnectionError as e:
             upstream.close()
             raise UpstreamAttemptError(lease.replica_id, f"broke before the first byte: {e!r}") from e
@@ -214,11 +220,19 @@ class Proxy:
         outcome = "aborted"
         clean_end = False
         try:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for name, value in upstream.headers.items():
-                if name.lower() not in _HOP_BY_HOP:
-                    response.headers.add(name, value)
             is_sse = upstream.content_type == "text/event-stream"
+            if not is_sse and upstream.content.at_eof():
+                # The whole body came in the first read (the usual non-streaming answer): one write.
+                headers = _response_headers(upstream)
+                headers["X-Kvfleet-Replica"] = lease.replica_id
+                whole = web.Response(status=upstream.status, reason=upstream.reason, body=first, headers=headers)
+                self._metrics.ttft.labels(model).observe(self._clock() - started_s)
+                outcome = "ok"
+                clean_end = True
+                return whole
+            response = web.StreamResponse(
+                status=upstream.status, reason=upstream.reason, headers=_response_headers(upstream)
+            )
             if upstream.content_length is not None and not is_sse:
                 response.content_length = upstream.content_length
             response.headers["X-Kvfleet-Replica"] = lease.replica_id
@@ -259,6 +273,14 @@ class Proxy:
 
 class _AbortConnection(Exception):
     """Raised after the response started, so aiohttp drops the connection instead of ending it cleanly."""
+
+
+def _response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.headers.items():
+        if name.lower() not in _HOP_BY_HOP:
+            headers.add(name, value)
+    return headers
 
 
 def _forward_headers(request: web.Request) -> CIMultiDict[str]:

@@ -50,7 +50,10 @@ def create_app(
             keepalive_timeout=settings.keepalive_timeout_s,
         )
         # auto_decompress off: bytes pass through as the replica sent them (with its Content-Encoding).
-        sessions.append(aiohttp.ClientSession(connector=connector, auto_decompress=False))
+        # DummyCookieJar: a proxy must never keep one client's cookies and send them with another's request.
+        sessions.append(
+            aiohttp.ClientSession(connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+        )
         await source.start(fleet)
         try:
             yield

@@ -179,13 +179,6 @@ def populate(
 @click.option("--expected-digest", help="Fail unless the manifest's sha256 is this (pins the model).")
 @click.option("--concurrency", type=int, default=PullSettings().concurrency, show_default=True)
 @click.option("--part-size-mib", type=int, default=PullSettings().part_size_bytes // MiB, show_default=True)
-@click.option(
-    "--max-buffered-mib",
-    type=int,
-    default=PullSettings().max_buffered_bytes // MiB,
-    show_default=True,
-    help="Memory for parts waiting to be hashed in order.",
-)
 @click.option("--allow-pickle", is_flag=True, help="Accept pickle-based weights (.bin/.pt/.pth); unsafe to load.")
 @click.option("--verify-on-hit", type=click.Choice(["size", "sha256"]), default="size", show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -199,7 +192,6 @@ def pull(
     expected_digest: str | None,
     concurrency: int,
     part_size_mib: int,
-    max_buffered_mib: int,
     allow_pickle: bool,
     verify_on_hit: str,
     quiet: bool,
@@ -223,7 +215,6 @@ def pull(
     settings = PullSettings(
         concurrency=concurrency,
         part_size_bytes=part_size_mib * MiB,
-        max_buffered_bytes=max_buffered_mib * MiB,
         allow_pickle=allow_pickle,
         verify_on_hit=verify_on_hit,
     )

@@ -144,8 +144,10 @@ class _Journal:
 
 @dataclass
 class _FileState:
-    """One file being pulled. Workers deposit parts; whoever finds the next part in order hashes
-    it, so hashing overlaps the download and never needs the whole file in memory."""
+    """One file being pulled. Parts are written at their offsets as they stream in. The sha256 runs
+    in file order: a part that starts when every earlier part is hashed is hashed as it streams;
+    a part that finishes early is hashed later from the file (page cache) by whichever worker
+    completes the gap. Memory stays at one chunk per worker, whatever the part size."""
 
     entry: ManifestFile
     key: str
@@ -156,8 +158,9 @@ class _FileState:
     journal: _Journal
     fd: int
     hasher: hashlib._Hash = field(default_factory=hashlib.sha256)
-    next_index: int = 0
-    pending: dict[int, bytes] = field(default_factory=dict)
+    next_index: int = 0  # the first part not yet hashed
+    written: set[int] = field(default_factory=set)  # parts complete on disk
+    hashed_inline: set[int] = field(default_factory=set)
     draining: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     mismatch: str | None = None
@@ -168,6 +171,10 @@ class _FileState:
             os.close(self.fd)
             self.fd = -1
         self.journal.close()
+
+
+class _Cancelled(Exception):
+    """Another worker failed; this one stops between chunks."""
 
 
 class _Round:
@@ -189,7 +196,6 @@ class _Round:
         self.progress = progress
         self.sleep = sleep
         self.cancel = threading.Event()
-        self.slots = threading.Semaphore(settings.buffered_parts)
         self.errors: list[BaseException] = []
         self.downloaded_bytes = 0
         self.resumed_bytes = 0
@@ -203,20 +209,17 @@ class _Round:
             heads = list(pool.map(self._head, [entry for entry, _ in entries]))
             for (entry, final), etag in zip(entries, heads, strict=True):
                 states.append(self._open(entry, final, etag))
+            # Parts go out file by file, in order: the earliest parts finish first, so the
+            # in-order hash rarely has to read a part back from disk.
             for state in states:
                 if not state.parts:
                     self._finish(state)
-                    continue
                 for part in state.parts:
-                    if not self._acquire_slot():
-                        break
                     futures.append(pool.submit(self._guarded, state, part))
-                if self.cancel.is_set():
-                    break
             for future in futures:
                 future.result()
         except BaseException as e:
-            # Ctrl-C or an error while scheduling: stop the workers, keep what is written.
+            # Ctrl-C or a failed part: stop the workers, keep what is written for a resume.
             self.cancel.set()
             self.errors.append(e)
         finally:
@@ -224,16 +227,9 @@ class _Round:
             for state in states:
                 state.close()
         if self.errors:
-            raise self.errors[0]
+            first = self.errors[0]
+            raise next((e for e in self.errors if not isinstance(e, _Cancelled)), first)
         return [s for s in states if s.mismatch is not None]
-
-    def _acquire_slot(self) -> bool:
-        # A part holds a slot until it is hashed; the earliest unhashed part is always already
-        # submitted (parts go out in order), so waiting here cannot deadlock, only cancel.
-        while not self.slots.acquire(timeout=0.1):
-            if self.cancel.is_set():
-                return False
-        return not self.cancel.is_set()
 
     def _head(self, entry: ManifestFile) -> str:
         key = self.uri.key(entry.path)
@@ -264,7 +260,7 @@ class _Round:
         if not journal.done and partial.exists():
             partial.unlink()
         fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
-        state = _FileState(
+        return _FileState(
             entry=entry,
             key=self.uri.key(entry.path),
             etag=etag,
@@ -274,7 +270,6 @@ class _Round:
             journal=journal,
             fd=fd,
         )
-        return state
 
     def _guarded(self, state: _FileState, part: Part) -> None:
         if self.cancel.is_set():
@@ -287,40 +282,33 @@ class _Round:
             raise
 
     def _run_part(self, state: _FileState, part: Part) -> None:
-        data: bytes | None = None
         if part.index in state.journal.done:
-            data = os.pread(state.fd, part.length, part.start)
-            if len(data) == part.length:
-                with self._count_lock:
-                    self.resumed_bytes += part.length
-            else:  # the journal ran ahead of the data (a crash): fetch it again
-                data = None
-        if data is None:
-            data = self._get_range(state, part)
-            view = memoryview(data)
-            written = 0
-            while written < len(data):
-                written += os.pwrite(state.fd, view[written:], part.start + written)
-            state.journal.record(part.index)
             with self._count_lock:
-                self.downloaded_bytes += len(data)
-            self.progress.on_bytes(len(data))
-        self._deposit(state, part.index, data)
+                self.resumed_bytes += part.length
+        else:
+            with state.lock:
+                # Every earlier part is hashed and no one else touches the hasher until this part
+                # is marked written, so this worker may feed it as the bytes arrive.
+                inline = state.next_index == part.index
+            self._download_part(state, part, inline)
+            state.journal.record(part.index)
+            with state.lock:
+                if inline:
+                    state.hashed_inline.add(part.index)
+        with state.lock:
+            state.written.add(part.index)
+        self._advance(state)
 
-    def _get_range(self, state: _FileState, part: Part) -> bytes:
+    def _download_part(self, state: _FileState, part: Part, inline: bool) -> None:
         last: BaseException | None = None
         attempts = self.settings.part_attempts
+        before = state.hasher.copy() if inline else None
         for attempt in range(1, attempts + 1):
-            if self.cancel.is_set():
-                raise TransferError(state.entry.path, "cancelled")
+            if before is not None:
+                state.hasher = before.copy()  # a retry restarts the part, and its hash
             try:
-                response = self.client.get_object(
-                    Bucket=self.uri.bucket, Key=state.key, Range=part.http_range, IfMatch=state.etag
-                )
-                data = response["Body"].read()
-                if len(data) == part.length:
-                    return data
-                last = TransferError(state.entry.path, f"short read: {len(data)} of {part.length} bytes")
+                self._stream_part(state, part, inline)
+                return
             except ClientError as e:
                 code = error_code(e)
                 if code in PRECONDITION_CODES:
@@ -331,7 +319,7 @@ class _Round:
                 if code not in RETRYABLE_CODES and status < 500:
                     raise TransferError(state.entry.path, f"GET {part.http_range} failed: {code or e}") from e
                 last = e
-            except _STREAM_ERRORS as e:
+            except (*_STREAM_ERRORS, _ShortRead) as e:
                 last = e
             if attempt < attempts:
                 log.warning(
@@ -342,23 +330,63 @@ class _Round:
             state.entry.path, f"GET {part.http_range} failed after {attempts} attempts: {last}"
         ) from last
 
-    def _deposit(self, state: _FileState, index: int, data: bytes) -> None:
+    def _stream_part(self, state: _FileState, part: Part, inline: bool) -> None:
+        response = self.client.get_object(
+            Bucket=self.uri.bucket, Key=state.key, Range=part.http_range, IfMatch=state.etag
+        )
+        body = response["Body"]
+        offset = part.start
+        end = part.start + part.length
+        chunk_bytes = self.settings.stream_chunk_bytes
+        try:
+            while offset < end:
+                if self.cancel.is_set():
+                    raise _Cancelled(state.entry.path)
+                chunk = body.read(min(chunk_bytes, end - offset))
+                if not chunk:
+                    raise _ShortRead(f"short read: {offset - part.start} of {part.length} bytes")
+                _pwrite_all(state.fd, chunk, offset)
+                if self.settings.fsync and _SYNC_FILE_RANGE is not None:
+                    # Start writeback now so the fsync at the end finds little left to do.
+                    _SYNC_FILE_RANGE(state.fd, offset, len(chunk), _SYNC_FILE_RANGE_WRITE)
+                if inline:
+                    state.hasher.update(chunk)
+                offset += len(chunk)
+                with self._count_lock:
+                    self.downloaded_bytes += len(chunk)
+                self.progress.on_bytes(len(chunk))
+        finally:
+            body.close()
+
+    def _advance(self, state: _FileState) -> None:
+        """Hash written parts in order, reading back the ones not hashed while streaming."""
         with state.lock:
-            state.pending[index] = data
             if state.draining:
                 return
             state.draining = True
         while True:
             with state.lock:
-                chunk = state.pending.pop(state.next_index, None)
-                if chunk is None:
+                index = state.next_index
+                if index >= len(state.parts) or index not in state.written:
                     state.draining = False
                     return
+                inline = index in state.hashed_inline
+            if not inline:
+                self._hash_from_disk(state, state.parts[index])
+            with state.lock:
                 state.next_index += 1
-            state.hasher.update(chunk)  # outside the lock: hashlib releases the GIL
-            self.slots.release()
-            if state.next_index == len(state.parts):
+                complete = state.next_index == len(state.parts)
+            if complete:
                 self._finish(state)
+
+    def _hash_from_disk(self, state: _FileState, part: Part) -> None:
+        offset, end = part.start, part.start + part.length
+        while offset < end:
+            chunk = os.pread(state.fd, min(self.settings.stream_chunk_bytes, end - offset), offset)
+            if not chunk:
+                break  # a resumed part the crash lost: the sha256 will not match, and the file is fetched again
+            state.hasher.update(chunk)
+            offset += len(chunk)
 
     def _finish(self, state: _FileState) -> None:
         got = state.hasher.hexdigest()
@@ -379,6 +407,22 @@ class _Round:
         state.journal.path.unlink(missing_ok=True)
         state.finished = True
         self.progress.on_file_done(state.entry.path, state.entry.size_bytes)
+
+
+class _ShortRead(Exception):
+    pass
+
+
+# Linux only; elsewhere the fsync does all the flushing.
+_SYNC_FILE_RANGE = getattr(os, "sync_file_range", None)
+_SYNC_FILE_RANGE_WRITE = getattr(os, "SYNC_FILE_RANGE_WRITE", 2)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    written = 0
+    while written < len(data):
+        written += os.pwrite(fd, view[written:], offset + written)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,8 +99,7 @@ def pull_model(
             cache.make_room(manifest.total_bytes, keep=digest)
             staging = cache.staging_path(digest)
             result = pull_to_dir(client, uri, staging, settings, progress=progress, fetched=fetched)
-            os.replace(staging, cache.model_path(digest))
-            shutil.rmtree(staging, ignore_errors=True)
+            os.replace(staging, cache.model_path(digest))  # atomic: readers see all of it or nothing
         lease = cache.acquire_lease(digest)
         cache.record(digest, manifest, state="ready", raw_manifest=fetched.raw)
     return PulledModel(

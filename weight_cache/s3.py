@@ -19,6 +19,8 @@ from kvfleet.weight_cache.settings import S3Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+    from kvfleet.spec import CacheSpec
 else:
     S3Client = Any
 
@@ -115,3 +117,26 @@ def get_bytes(client: S3Client, bucket: str, key: str, max_bytes: int) -> bytes 
     if len(data) > max_bytes:
         raise InvalidLocationError(f"s3://{bucket}/{key}: larger than the {max_bytes} bytes accepted")
     return data
+
+
+def settings_for_cache_spec(cache: CacheSpec, credentials_dir: Path | None = None) -> S3Settings:
+    """S3 settings from an InferenceDeployment's ``spec.cache``: ``s3Endpoint`` overrides boto3's
+    standard configuration; the credentials Secret is mounted (its directory given here), never read
+    from the spec."""
+    return S3Settings(endpoint_url=cache.s3_endpoint, region=cache.region, credentials_dir=credentials_dir)
+
+
+def cache_uri_for(model_uri: str, revision: str | None, cache: CacheSpec) -> str:
+    """Where a model lives in the weight cache: an s3:// model is its own location; an hf:// model
+    is cached at ``s3://<cache.bucket>/<cache.prefix>hf/<org>/<name>/<revision or main>``."""
+    if model_uri.startswith("s3://"):
+        return model_uri
+    if not model_uri.startswith("hf://"):
+        raise InvalidLocationError(f"{model_uri!r}: only s3:// and hf:// models go through the weight cache")
+    if cache.bucket is None:
+        raise InvalidLocationError(f"{model_uri!r}: hf:// models need cache.bucket to be cached")
+    repo, _, pinned = model_uri[len("hf://") :].partition("@")
+    rev = revision or pinned or "main"
+    uri = f"s3://{cache.bucket}/{cache.prefix.strip('/')}/hf/{repo.strip('/')}/{rev}".replace("//hf/", "/hf/")
+    S3Uri.parse(uri)  # validates bucket and segments
+    return uri

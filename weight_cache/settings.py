@@ -44,12 +44,14 @@ class PullSettings(_Settings):
     # Ranged GETs in flight at once, across all files. S3 serves ~100 MB/s per connection, so
     # 8 connections fill a 10 Gb/s link; the loopback benchmark in docs/benchmarks agrees.
     concurrency: int = Field(default=8, ge=1, le=64)
-    # Large enough that per-request latency (tens of ms on S3 and moto alike) is a small share
-    # of a part's transfer time; small enough that 8 parts in flight spread over several files.
-    part_size_bytes: int = Field(default=32 * MiB, ge=64 * KiB, le=1 * GiB)
-    # Parts are hashed in file order while later parts may already have arrived; this bounds the
-    # bytes held in memory waiting for an earlier part. Must hold at least one part per worker.
-    max_buffered_bytes: int = Field(default=512 * MiB, ge=64 * KiB, le=64 * GiB)
+    # Large enough that per-request latency (tens of ms on S3) is a small share of a part's
+    # transfer time; small enough that 8 parts in flight spread over several files. Parts are
+    # streamed, so a large part costs no memory: servers that charge per request (moto reads the
+    # whole object for every ranged GET) are served best by a part size >= the largest file.
+    part_size_bytes: int = Field(default=32 * MiB, ge=64 * KiB, le=64 * GiB)
+    # Each worker reads, writes and hashes a part in chunks of this size: memory in use is
+    # about concurrency x stream_chunk_bytes (64 MiB by default), whatever the part size.
+    stream_chunk_bytes: int = Field(default=8 * MiB, ge=64 * KiB, le=256 * MiB)
     # Attempts of one ranged GET on a retryable failure (connection reset, short read, 5xx).
     part_attempts: int = Field(default=4, ge=1, le=20)
     # Whole-file downloads after a sha256 mismatch before the pull fails naming the file.
@@ -59,23 +61,15 @@ class PullSettings(_Settings):
     allow_pickle: bool = Field(default=False, description="Accept pickle-based weights (.bin/.pt/.pth).")
     # What a node-cache hit checks: "size" stats every file (milliseconds); "sha256" rehashes them.
     verify_on_hit: Literal["size", "sha256"] = "size"
-    # Each finished file is fsynced before its atomic rename so a crash never leaves a torn file.
+    # Each finished file is fsynced before its atomic rename so a crash never leaves a torn file;
+    # writeback starts as chunks land (sync_file_range), so the fsync mostly finds it done.
     fsync: bool = True
 
     @model_validator(mode="after")
-    def _buffer_holds_workers(self) -> PullSettings:
-        if self.max_buffered_bytes < self.concurrency * self.part_size_bytes:
-            raise ValueError(
-                f"max_buffered_bytes ({self.max_buffered_bytes}) must be >= concurrency x part_size_bytes "
-                f"({self.concurrency} x {self.part_size_bytes}) so every worker can hold a part"
-            )
+    def _backoff_ordered(self) -> PullSettings:
         if self.retry_backoff_max_s < self.retry_backoff_s:
             raise ValueError("retry_backoff_max_s must be >= retry_backoff_s")
         return self
-
-    @property
-    def buffered_parts(self) -> int:
-        return self.max_buffered_bytes // self.part_size_bytes
 
 
 class PopulateSettings(_Settings):

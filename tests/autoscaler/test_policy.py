@@ -97,17 +97,21 @@ def test_scale_down_waits_for_the_delay() -> None:
 
 
 def test_scale_down_is_step_bounded() -> None:
-    # From 8 with every proposal at 1: at most half (4) go per step, one step per 30 s.
+    # From 8 with every proposal at 1: at most a quarter (2) go per step, one step per 30 s.
     state = settled(8)
     d = decide(obs(1000, load=0, ready=8), state, spec(), now=1000)
-    assert (d.desired_replicas, d.reason) == (4, "scale_down")
-    d = decide(obs(1010, load=0, ready=4), d.state, spec(), now=1010)
-    assert (d.desired_replicas, d.reason) == (4, "stabilizing")
+    assert (d.desired_replicas, d.reason) == (6, "scale_down")
+    d = decide(obs(1010, load=0, ready=6), d.state, spec(), now=1010)
+    assert (d.desired_replicas, d.reason) == (6, "stabilizing")
     assert "next scale-down step in 20s" in d.detail
-    d = decide(obs(1030, load=0, ready=4), d.state, spec(), now=1030)
-    assert (d.desired_replicas, d.reason) == (2, "scale_down")
-    d = decide(obs(1060, load=0, ready=2), d.state, spec(), now=1060)
-    assert (d.desired_replicas, d.reason) == (1, "scale_down")
+    d = decide(obs(1030, load=0, ready=6), d.state, spec(), now=1030)
+    assert (d.desired_replicas, d.reason) == (5, "scale_down")  # floor(6 x 0.25) = 1
+    # With half allowed per step (Knative's max-scale-down-rate 2): 8 -> 4 -> 2.
+    half = PolicySettings(scale_down_max_fraction=0.5)
+    d = decide(obs(1000, load=0, ready=8), state, spec(), now=1000, settings=half)
+    assert d.desired_replicas == 4
+    d = decide(obs(1030, load=0, ready=4), d.state, spec(), now=1030, settings=half)
+    assert d.desired_replicas == 2
 
 
 def test_no_scale_down_before_history_covers_the_delay() -> None:
@@ -150,12 +154,25 @@ def test_kv_cache_gpu_and_ttft_signals() -> None:
     d = decide(obs(1000, load=2, ready=2, kv_cache_utilization=0.9), settled(2), spec(), now=1000)
     assert (d.desired_replicas, d.reason) == (3, "scale_up")
     assert "kv_cache" in d.detail
-    # DCGM 100% on 2 ready, target 90%: ceil(2.22) = 3.
-    d = decide(obs(1000, load=2, ready=2, gpu_utilization=1.0), settled(2), spec(), now=1000)
+    # DCGM 100% on 2 ready, target 90%: ceil(2.22) = 3 -- only with a target set; by default the
+    # saturating DCGM utilization proposes nothing.
+    gpu = PolicySettings(target_gpu_utilization=0.9)
+    d = decide(obs(1000, load=2, ready=2, gpu_utilization=1.0), settled(2), spec(), now=1000, settings=gpu)
     assert d.desired_replicas == 3 and "gpu_utilization" in d.detail
+    d = decide(obs(1000, load=2, ready=2, gpu_utilization=1.0), settled(2), spec(), now=1000)
+    assert "gpu_utilization" not in d.detail and d.desired_replicas <= 2
     # TTFT p90 3 s against a 1 s SLO on 2 ready: the factor 3 is capped at 2 -> 4.
     d = decide(obs(1000, load=2, ready=2, ttft_p90_s=3.0), settled(2), spec(ttft_slo_seconds=1.0), now=1000)
     assert d.desired_replicas == 4 and "ttft" in d.detail
+    # It lags, so it waits: not while replicas start (ready 2 of 3), and once per 60 s window +
+    # 30 s cold start after it acted.
+    d = decide(obs(1000, load=2, ready=2, ttft_p90_s=3.0), settled(3), spec(ttft_slo_seconds=1.0), now=1000)
+    assert "ttft" not in d.detail
+    acted = settled(2, last_scale_up_at_s=920.0)
+    d = decide(obs(1000, load=2, ready=2, ttft_p90_s=3.0), acted, spec(ttft_slo_seconds=1.0), now=1000)
+    assert "ttft" not in d.detail
+    d = decide(obs(1010, load=2, ready=2, ttft_p90_s=3.0), acted, spec(ttft_slo_seconds=1.0), now=1010)
+    assert d.desired_replicas == 4 and d.state.last_scale_up_at_s == 1010
     # Within the SLO the TTFT signal proposes nothing.
     d = decide(obs(1000, load=2, ready=2, ttft_p90_s=0.5), settled(2), spec(ttft_slo_seconds=1.0), now=1000)
     assert "ttft" not in d.detail
@@ -166,6 +183,20 @@ def test_router_queue_counts_as_load() -> None:
     o = obs(1000, load=16, ready=1, router_in_flight=20.0, queue_depth=28.0)
     d = decide(o, settled(1), spec(), now=1000)
     assert d.desired_replicas == 3
+
+
+def test_queue_counts_as_drain_load_once_service_time_is_known() -> None:
+    # Service time 6 s (learnt earlier), cold start 30 s: 300 queued count as 300 x 6 / 30 = 60.
+    # Load 100 in service + 60 = 160 -> ceil(160 / 100) = 2 (not (100 + 300) / 100 = 4).
+    # The arrivals signal (engines saturated: requests queue): 20/s x 6 s / 100 -> 2.
+    state = settled(1, latency_s=6.0)
+    o = obs(1000, load=100, queue_depth=300.0, arrival_rate_rps=20.0)
+    d = decide(o, state, spec(target_concurrency_per_replica=100), now=1000)
+    assert d.desired_replicas == 2
+    assert d.state.latency_s == 6.0  # not learnt while requests queue
+    # 40/s: the arrivals signal wins, ceil(40 x 6 / 100) = 3.
+    d = decide(replace(o, arrival_rate_rps=40.0), state, spec(target_concurrency_per_replica=100), now=1000)
+    assert d.desired_replicas == 3 and d.detail.startswith("arrivals: arrivals 40.00/s x service 6.00s")
 
 
 def test_clamped_to_max_and_min() -> None:
@@ -252,6 +283,13 @@ def test_stale_or_missing_metrics_hold(observation: Observation, problem: str) -
     d3 = decide(obs(1002, load=0, ready=3), d2.state, s, now=1002)
     assert d3.state.stale_since_s is None
     assert d3.desired_replicas == 3  # the held 3 is among the proposals of the last 120 s
+    # Zero comes only 60 s of fresh idle observations after recovery, however long ago the last
+    # stale tick was.
+    assert d3.state.last_traffic_at_s == 1002
+    d4 = decide(obs(1061, load=0, ready=3), d3.state, s, now=1061)
+    assert d4.desired_replicas == 3
+    d5 = decide(obs(1062, load=0, ready=3), d4.state, s, now=1062)
+    assert (d5.desired_replicas, d5.reason) == (0, "scale_to_zero")
 
 
 def test_stale_hold_also_blocks_scale_down_after_recovery() -> None:

@@ -85,3 +85,18 @@ def test_without_prefix_caching_nothing_is_shared(tiny_model_dir: Path) -> None:
     run_to_completion(core, {"a": prompt}, GREEDY)
     run_to_completion(core, {"b": prompt}, GREEDY)
     assert core.total_prefill_computed_tokens == 2 * len(prompt)
+
+
+def test_stop_token_ids_and_eos_end_the_sequence(tiny_model_dir: Path) -> None:
+    core = make_core(tiny_model_dir)
+    prompt = list(range(40, 60))
+    free = run_to_completion(core, {"a": prompt}, GREEDY)["a"]
+    stop_at = free[3]
+    first = free.index(stop_at)
+    stopped = run_to_completion(
+        core, {"b": prompt}, SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop_at,), ignore_eos=True)
+    )["b"]
+    assert stopped == free[: first + 1], "generation ends at (and includes) the stop token id"
+    core.eos_ids = frozenset({stop_at})  # treat that token as EOS for this engine
+    eos = run_to_completion(core, {"c": prompt}, SamplingParams(max_tokens=12, temperature=0.0))["c"]
+    assert eos == free[: first + 1]

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kmock
+import pytest
+import yaml
 from aiohttp import web
+from conftest import pick_free_port
 from support.kube_emulator import (
     CONFIGMAPS,
     DEPLOYMENTS,
     EVENTS,
     INFD,
     PDBS,
+    PEERINGS,
     SERVICE_MONITORS,
     SERVICES,
     Cluster,
@@ -24,6 +32,8 @@ from support.kube_emulator import (
 )
 
 NS = "default"
+# kmock 0.8 loads its bundled resources with a deprecated importlib call.
+pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
 
 def tiny(name: str = "tiny", **spec_overrides: Any) -> dict[str, Any]:
@@ -338,3 +348,102 @@ async def test_measured_cold_start_comes_from_the_launcher(cluster: Cluster, fre
     finally:
         await stop_operator(running)
         await runner.cleanup()
+
+
+async def test_peering_lets_only_the_highest_priority_replica_work(cluster: Cluster) -> None:
+    """Two replicas with kopf peering: the higher priority one reconciles, the other stands by."""
+    cluster.api.resources["kopf.dev/v1/clusterkopfpeerings"] = kmock.ResourceInfo(
+        kind="ClusterKopfPeering",
+        singular="clusterkopfpeering",
+        namespaced=False,
+        verbs={"get", "list", "watch", "patch"},
+    )
+    await cluster.call(
+        "POST",
+        "/apis/kopf.dev/v1/clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "kvfleet"}},
+    )
+    low = await start_operator(
+        cluster, operator_settings(peering_name="kvfleet", priority=10, router_endpoint="http://low/v1")
+    )
+    high = await start_operator(
+        cluster, operator_settings(peering_name="kvfleet", priority=20, router_endpoint="http://high/v1")
+    )
+    try:
+        # Both see each other through the peering object before any work arrives.
+        await eventually(
+            lambda: len((cluster.get(PEERINGS, None, "kvfleet") or {}).get("status") or {}) >= 2,
+            what="both replicas in the peering object",
+        )
+        await _sleep(1.0)
+        await cluster.create_infd(tiny())
+        infd = await eventually(
+            lambda: (o := cluster.get(INFD, NS, "tiny")) and o.get("status", {}).get("endpoint") and o,
+            what="a status from one replica",
+        )
+        await _sleep(low.settings.resync_interval_s * 4)
+        infd = cluster.get(INFD, NS, "tiny")
+        assert infd is not None and infd["status"]["endpoint"] == "http://high/v1"
+        # The paused replica never wrote: no version of the object ever carried its endpoint.
+        versions = cluster.api.objects[INFD, NS, "tiny"].history
+        endpoints = {((v or {}).get("status") or {}).get("endpoint") for v in versions}
+        assert "http://low/v1" not in endpoints
+    finally:
+        await stop_operator(high)
+        await stop_operator(low)
+
+
+async def test_cli_runs_the_operator_with_kubeconfig_and_health(cluster: Cluster, tmp_path: Path) -> None:
+    """`kvfleet operator run` as a subprocess: kubeconfig login, the liveness endpoint, a reconcile."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
+                "users": [{"name": "kmock", "user": {"token": "test-token"}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+            }
+        )
+    )
+    port = pick_free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kvfleet.cli",
+        "operator",
+        "run",
+        "--port",
+        str(port),
+        "--resync-interval-s",
+        "1",
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+
+        async def healthy() -> bool:
+            try:
+                async with cluster.http.get(f"http://127.0.0.1:{port}/healthz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while not await healthy():
+            assert proc.returncode is None, "the operator exited"
+            assert asyncio.get_running_loop().time() < deadline, "no /healthz"
+            await asyncio.sleep(0.2)
+        await cluster.create_infd(tiny())
+        await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+        assert any(r.headers.get("Authorization") == "Bearer test-token" for r in list(cluster.api))
+    finally:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=20)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()

@@ -279,3 +279,15 @@ async def test_metrics_after_traffic(backends: list[Backend], path: str) -> None
     assert 'kvfleet_router_prefix_match_ratio_bucket{le="0.99",model="metered"} 1.0' in text
     assert 'kvfleet_router_inflight{model="metered",replica="r0"} 0.0' in text
     assert 'kvfleet_router_queue_depth{model="metered"} 0.0' in text
+
+
+async def test_silent_replica_times_out_with_504_and_is_not_retried(spawn_backend: Callable[[str], Backend]) -> None:
+    a, b = spawn_backend("silent-a"), spawn_backend("silent-b")
+    source = source_for("silent", [a, b], RoutingSpec(strategy="round-robin"))
+    body = {"model": "silent", "prompt": "x", "kvfleet_test": {"hold_s": 3}}
+    async with running_router(source, idle_read_timeout_s=0.5) as router, aiohttp.ClientSession() as session:
+        status, _, raw = await post(session, router.url, body)
+    assert status == 504
+    assert "no response headers in time" in json.loads(raw)["error"]["message"]
+    # The replica may still be generating: sending it to the other one too would double the work.
+    assert a.stats()["requests"] + b.stats()["requests"] == 1

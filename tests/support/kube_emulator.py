@@ -39,6 +39,7 @@ PDBS = kmock.resource("policy", "v1", "poddisruptionbudgets")
 PODS = kmock.resource("", "v1", "pods")
 EVENTS = kmock.resource("", "v1", "events")
 SERVICE_MONITORS = kmock.resource("monitoring.coreos.com", "v1", "servicemonitors")
+PEERINGS = kmock.resource("kopf.dev", "v1", "clusterkopfpeerings")
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
@@ -124,7 +125,7 @@ class Cluster:
             and (user_agent in r.headers.get("User-Agent", "") or "kopf" in r.headers.get("User-Agent", ""))
         ]
 
-    def get(self, resource: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, resource: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
         key = (resource, namespace, name)
         if key in self.api.objects and not self.api.objects[key].deleted:
             return copy.deepcopy(self.api.objects[key].raw)

@@ -32,7 +32,7 @@ from kvfleet.weight_cache.s3 import S3Client
 from tests.conftest import pick_free_port
 from tests.weight_cache.conftest import MiB, env_for_subprocess, tree_bytes, write_model
 
-PULL = PullSettings(concurrency=2, part_size_bytes=MiB, max_buffered_bytes=4 * MiB)
+PULL = PullSettings(concurrency=2, part_size_bytes=MiB)
 POP = PopulateSettings(concurrency=4, part_size_bytes=5 * MiB)
 
 PULLER = textwrap.dedent(
@@ -41,7 +41,7 @@ PULLER = textwrap.dedent(
     from pathlib import Path
     from kvfleet.weight_cache import PullSettings, pull_model
     print("ready", flush=True)
-    settings = PullSettings(concurrency=2, part_size_bytes=1 << 20, max_buffered_bytes=4 << 20)
+    settings = PullSettings(concurrency=2, part_size_bytes=1 << 20)
     # No endpoint given: boto3's standard configuration (AWS_ENDPOINT_URL) picks the server.
     with pull_model(sys.argv[1], Path(sys.argv[2]), settings) as model:
         print(json.dumps({"hit": model.hit, "downloaded": model.result.downloaded_bytes if model.result else 0,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ConnectionClosedError
 
 from kvfleet.weight_cache import (
     ChecksumMismatchError,
@@ -15,10 +16,13 @@ from kvfleet.weight_cache import (
     ManifestError,
     PopulateSettings,
     PullSettings,
+    S3Settings,
     S3Uri,
     SourceUnavailableError,
+    TransferError,
     UnsafePathError,
     fetch_manifest,
+    make_client,
     populate,
     pull_to_dir,
 )
@@ -28,7 +32,7 @@ from tests.conftest import pick_free_port
 from tests.weight_cache.conftest import SMALL_MODEL, MiB, tree_bytes, write_model
 
 # 1 MiB parts keep "a file larger than the part size" small; 3 workers interleave files.
-TEST_PULL = PullSettings(concurrency=3, part_size_bytes=MiB, max_buffered_bytes=8 * MiB, retry_backoff_s=0.0)
+TEST_PULL = PullSettings(concurrency=3, part_size_bytes=MiB, retry_backoff_s=0.0)
 TEST_POPULATE = PopulateSettings(concurrency=4, part_size_bytes=5 * MiB)
 
 
@@ -129,10 +133,10 @@ def test_interrupted_pull_resumes_without_refetching_finished_parts(s3: S3Client
     uri = S3Uri.parse(f"s3://{bucket}/big")
     populate(s3, src, str(uri), TEST_POPULATE)
     dest = tmp_path / "dest"
-    one_worker = PullSettings(concurrency=1, part_size_bytes=MiB, max_buffered_bytes=2 * MiB)
+    one_worker = PullSettings(concurrency=1, part_size_bytes=MiB)
 
     with pytest.raises(_Interrupt):
-        pull_to_dir(s3, uri, dest, one_worker, progress=_StopAfter(3 * MiB))
+        pull_to_dir(s3, uri, dest, one_worker, progress=_StopAfter(3 * MiB + 1))
     journal = next((dest / ".kvfleet-partial").glob("*.journal"))
     done_parts = [int(x) for x in journal.read_text().splitlines()[1:]]
     assert done_parts == [0, 1, 2]
@@ -156,7 +160,7 @@ def test_resume_discards_partial_data_when_the_object_changed(s3: S3Client, buck
     uri = S3Uri.parse(f"s3://{bucket}/big")
     populate(s3, src, str(uri), TEST_POPULATE)
     dest = tmp_path / "dest"
-    one_worker = PullSettings(concurrency=1, part_size_bytes=MiB, max_buffered_bytes=2 * MiB)
+    one_worker = PullSettings(concurrency=1, part_size_bytes=MiB)
     with pytest.raises(_Interrupt):
         pull_to_dir(s3, uri, dest, one_worker, progress=_StopAfter(2 * MiB))
     # Re-upload the same bytes as a multipart upload: a new ETag, so the journal's parts no longer count.
@@ -225,3 +229,38 @@ def test_credentials_come_from_the_mounted_directory_and_are_not_shown(
     creds = s3._request_signer._credentials  # the signer boto3 built from the mounted files
     assert creds.access_key == "AKIDTESTKEY"
     assert "s3cr3t" not in repr(s3_settings) and "s3cr3t" not in caplog.text
+
+
+class _FlakyNetwork:
+    """Drops the connection of some GETs (botocore's before-send hook: an injected network fault)."""
+
+    def __init__(self, client: S3Client, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+        client.meta.events.register("before-send.s3.GetObject", self._on_send)
+
+    def _on_send(self, request: object, **kwargs: object) -> None:
+        self.calls += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionClosedError(endpoint_url="http://127.0.0.1/flaky")
+
+
+def test_dropped_connections_are_retried_then_fail_naming_the_file(
+    s3_settings: S3Settings, bucket: str, small_model: Path, tmp_path: Path
+) -> None:
+    # One attempt per request in botocore, so the failures reach kvfleet's own retry of the part.
+    client = make_client(s3_settings.model_copy(update={"request_attempts": 1}))
+    uri = f"s3://{bucket}/m"
+    populate(client, small_model, uri, TEST_POPULATE)
+    manifest = fetch_manifest(client, S3Uri.parse(uri))
+    one_at_a_time = TEST_PULL.model_copy(update={"concurrency": 1, "part_attempts": 3})
+    flaky = _FlakyNetwork(client, failures=2)
+    result = pull_to_dir(client, S3Uri.parse(uri), tmp_path / "ok", one_at_a_time, fetched=manifest)
+    assert tree_bytes(tmp_path / "ok") == tree_bytes(small_model)
+    assert result.downloaded_bytes == sum(SMALL_MODEL.values())
+
+    flaky.failures = 1000
+    with pytest.raises(TransferError, match=r"failed after 3 attempts") as info:
+        pull_to_dir(client, S3Uri.parse(uri), tmp_path / "bad", one_at_a_time, fetched=manifest)
+    assert info.value.path in SMALL_MODEL

@@ -129,8 +129,8 @@ def test_backoff_doubles_and_caps() -> None:
 
 
 def test_pull_settings_validation_names_fields() -> None:
-    with pytest.raises(ValidationError, match="max_buffered_bytes"):
-        PullSettings(concurrency=8, part_size_bytes=64 << 20, max_buffered_bytes=128 << 20)
+    with pytest.raises(ValidationError, match="retry_backoff_max_s"):
+        PullSettings(retry_backoff_s=5, retry_backoff_max_s=1)
     with pytest.raises(ValidationError, match="concurrency"):
         PullSettings(concurrency=0)
     with pytest.raises(ValidationError, match="part_size_bytes"):
@@ -221,3 +221,22 @@ def test_build_manifest_refuses_pickle_and_symlinks(tmp_path: Path) -> None:
     (tmp_path / "m" / "link.json").symlink_to("/etc/hostname")
     with pytest.raises(UnsafePathError, match="symlink"):
         build_manifest(tmp_path / "m", model_id="m", revision=None, allow_pickle=False)
+
+
+def test_cache_location_from_the_deployment_spec() -> None:
+    from kvfleet.spec import CacheSpec
+    from kvfleet.weight_cache.s3 import cache_uri_for, settings_for_cache_spec
+
+    cache = CacheSpec.model_validate({"bucket": "weights", "s3Endpoint": "http://minio.cache:9000", "region": "eu-1"})
+    assert cache_uri_for("hf://meta-llama/Llama-3.1-8B", "abc123", cache) == (
+        "s3://weights/models/hf/meta-llama/Llama-3.1-8B/abc123"
+    )
+    assert cache_uri_for("hf://org/name@v2", None, cache) == "s3://weights/models/hf/org/name/v2"
+    assert cache_uri_for("s3://other/m", None, cache) == "s3://other/m"
+    no_prefix = CacheSpec.model_validate({"bucket": "weights", "prefix": ""})
+    assert cache_uri_for("hf://org/name", None, no_prefix) == "s3://weights/hf/org/name/main"
+    with pytest.raises(ValueError, match=r"cache\.bucket"):
+        cache_uri_for("hf://org/name", None, CacheSpec())
+    settings = settings_for_cache_spec(cache, Path("/var/run/secrets/s3"))
+    assert (settings.endpoint_url, settings.region) == ("http://minio.cache:9000", "eu-1")
+    assert settings_for_cache_spec(CacheSpec()).endpoint_url is None  # boto3's standard configuration decides

@@ -1,0 +1,47 @@
+"""The autoscaler's own Prometheus metrics, in a registry per autoscaler instance.
+
+``model`` is the deployment's served name (the label the router uses too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+
+class AutoscalerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.desired_replicas = Gauge(
+            "kvfleet_autoscaler_desired_replicas",
+            "Replica count the autoscaler decided.",
+            ["model"],
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "kvfleet_autoscaler_decisions",
+            "Decisions by reason (steady, scale_up, scale_down, metrics_stale, ...).",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self.metrics_stale = Gauge(
+            "kvfleet_autoscaler_metrics_stale",
+            "1 while the deployment's metrics are missing or stale and its count is held.",
+            ["model"],
+            registry=self.registry,
+        )
+        self.is_leader = Gauge(
+            "kvfleet_autoscaler_is_leader",
+            "1 when this autoscaler replica holds the Lease and acts.",
+            registry=self.registry,
+        )
+
+    def forget(self, model: str) -> None:
+        """Drop a deleted deployment's series (a bounded label set)."""
+        for gauge in (self.desired_replicas, self.metrics_stale):
+            with contextlib.suppress(KeyError):
+                gauge.remove(model)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

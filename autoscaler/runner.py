@@ -1,0 +1,105 @@
+"""Wiring: build the controller and its parts from ``AutoscalerSettings`` and run until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+from kvfleet.autoscaler.actuators import Actuator, InProcessActuator, KubernetesActuator, ScaleCommand
+from kvfleet.autoscaler.controller import Controller, ControllerSettings
+from kvfleet.autoscaler.deployments import DeploymentSource, KubernetesDeployments, StaticDeployments
+from kvfleet.autoscaler.kube_api import KubeApi, load_connection
+from kvfleet.autoscaler.leader import LeaseElector, LeaseSettings
+from kvfleet.autoscaler.metrics import AutoscalerMetrics
+from kvfleet.autoscaler.prometheus_source import PrometheusSource, PrometheusSourceSettings
+from kvfleet.autoscaler.scrape_source import ScrapeSource, ScrapeSourceSettings
+from kvfleet.autoscaler.server import build_app, start_server
+from kvfleet.autoscaler.settings import AutoscalerSettings
+from kvfleet.autoscaler.sources import MetricSource, Target
+from kvfleet.autoscaler.wake import WakeInbox
+
+log = logging.getLogger(__name__)
+
+
+async def run_autoscaler(
+    settings: AutoscalerSettings,
+    stop: asyncio.Event,
+    *,
+    deployment_files: list[Path] | None = None,
+    api: KubeApi | None = None,
+    ready: asyncio.Future[int] | None = None,
+) -> None:
+    """Run until ``stop`` is set. ``ready`` gets the bound HTTP port once serving."""
+    inbox = WakeInbox()
+    metrics = AutoscalerMetrics()
+    elector: LeaseElector | None = None
+    source: MetricSource
+    deployments: DeploymentSource
+    actuator: Actuator
+    if settings.mode == "kubernetes":
+        api = api or KubeApi(load_connection(settings.kubeconfig, settings.context))
+        assert settings.prometheus_url is not None  # the settings validator requires it
+        source = PrometheusSource(
+            PrometheusSourceSettings(
+                url=settings.prometheus_url, timeout_s=settings.prometheus_timeout_s, rate_window=settings.rate_window
+            )
+        )
+        deployments = KubernetesDeployments(api, settings.namespace, settings.max_deployments)
+        actuator = KubernetesActuator(api)
+        if settings.leader_election:
+            lease = LeaseSettings(
+                namespace=settings.lease_namespace,
+                name=settings.lease_name,
+                identity=settings.identity,
+                lease_duration_s=settings.lease_duration_s,
+                renew_deadline_s=settings.renew_deadline_s,
+                retry_period_s=settings.retry_period_s,
+            )
+            elector = LeaseElector(api, lease, clock=time.time)
+    else:
+        static = StaticDeployments.from_files(deployment_files or [])
+
+        def record(target: Target, command: ScaleCommand) -> None:
+            static.record_desired(target.key, command.desired_replicas)
+
+        deployments = static
+        source = ScrapeSource(ScrapeSourceSettings(router_url=settings.router_url))
+        actuator = InProcessActuator(on_scale=record)
+
+    controller = Controller(
+        deployments,
+        source,
+        actuator,
+        inbox=inbox,
+        metrics=metrics,
+        policy=settings.policy(),
+        settings=ControllerSettings(
+            tick_interval_s=settings.tick_interval_s,
+            max_concurrent_observations=settings.max_concurrent_observations,
+            reason_refresh_s=settings.reason_refresh_s,
+            max_deployments=settings.max_deployments,
+        ),
+        leadership=elector,
+    )
+    runner, port = await start_server(build_app(inbox, metrics), settings.listen_host, settings.listen_port)
+    log.info("autoscaler (%s mode) serving wake/metrics on %s:%d", settings.mode, settings.listen_host, port)
+    if ready is not None and not ready.done():
+        ready.set_result(port)
+    tasks = [asyncio.create_task(controller.run(stop), name="autoscaler-loop")]
+    if elector is not None:
+        tasks.append(asyncio.create_task(elector.run(stop), name="autoscaler-lease"))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await runner.cleanup()
+        await source.close()
+        if api is not None:
+            await api.close()

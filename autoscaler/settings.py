@@ -1,0 +1,80 @@
+"""The autoscaler's settings: one typed, validated object (units in the names, bounds on all)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvfleet.autoscaler.policy import PolicySettings
+
+
+class AutoscalerSettings(BaseModel):
+    """What ``kvfleet autoscaler run`` needs. Per-deployment knobs live in the spec, not here."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["kubernetes", "local"] = Field(
+        default="kubernetes",
+        description="kubernetes: list InferenceDeployments, read Prometheus, patch status. "
+        "local: deployments from files, scrape /metrics directly, decide in process.",
+    )
+    namespace: str | None = Field(default=None, max_length=63, description="Only this namespace; None: all.")
+    prometheus_url: str | None = Field(
+        default=None, pattern=r"^https?://[^\s]+$", description="Prometheus HTTP API (kubernetes mode)."
+    )
+    prometheus_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    rate_window: str = Field(default="1m", pattern=r"^[0-9]+(s|m)$", description="rate() window for PromQL.")
+    router_url: str | None = Field(
+        default=None, pattern=r"^https?://[^\s]+$", description="Router base URL whose /metrics local mode scrapes."
+    )
+    tick_interval_s: float = Field(
+        default=2.0, ge=0.1, le=60, description="Time between decisions (a wake-up decides at once)."
+    )
+    max_concurrent_observations: int = Field(default=16, ge=1, le=256, description="Sources queried in parallel.")
+    max_deployments: int = Field(default=2000, ge=1, le=100_000, description="Deployments handled per tick.")
+    reason_refresh_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="A changed reason alone (same count) is written at most this often, sparing the API server.",
+    )
+    listen_host: str = Field(default="0.0.0.0", description="Address of the wake / metrics / health endpoint.")
+    listen_port: int = Field(default=8080, ge=0, le=65535, description="Its port (0 picks a free one).")
+    kubeconfig: str | None = Field(default=None, description="kubeconfig file; default: in-cluster, then $KUBECONFIG.")
+    context: str | None = Field(default=None, description="kubeconfig context.")
+    leader_election: bool = Field(default=True, description="Act only while holding the Lease.")
+    lease_name: str = Field(default="kvfleet-autoscaler", max_length=253)
+    lease_namespace: str = Field(
+        default="default", max_length=63, description="The Lease's namespace ($POD_NAMESPACE)."
+    )
+    identity: str = Field(default="", max_length=253, description="This replica's Lease identity ($POD_NAME).")
+    lease_duration_s: float = Field(default=15.0, gt=0, le=3600)
+    renew_deadline_s: float = Field(default=10.0, gt=0, le=3600)
+    retry_period_s: float = Field(default=2.0, gt=0, le=3600)
+    max_metrics_age_s: float = Field(default=30.0, gt=0, le=3600, description="Older samples are stale: hold.")
+    panic_threshold_ratio: float = Field(default=2.0, gt=1.0, le=100)
+    scale_down_max_fraction: float = Field(default=0.25, gt=0, le=1.0)
+    scale_down_step_interval_s: float = Field(default=30.0, ge=0, le=3600)
+    target_gpu_utilization: float | None = Field(
+        default=None, gt=0, le=1.0, description="GPU utilization target; off by default (DCGM's saturates)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AutoscalerSettings:
+        if self.mode == "kubernetes" and self.prometheus_url is None:
+            raise ValueError("prometheus_url is required in kubernetes mode")
+        if self.leader_election and self.mode == "kubernetes" and not self.identity:
+            raise ValueError("identity is required with leader election (set POD_NAME or --identity)")
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError("need retry_period_s < renew_deadline_s < lease_duration_s")
+        return self
+
+    def policy(self) -> PolicySettings:
+        return PolicySettings(
+            panic_threshold_ratio=self.panic_threshold_ratio,
+            max_metrics_age_s=self.max_metrics_age_s,
+            scale_down_max_fraction=self.scale_down_max_fraction,
+            scale_down_step_interval_s=self.scale_down_step_interval_s,
+            target_gpu_utilization=self.target_gpu_utilization,
+        )

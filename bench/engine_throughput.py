@@ -1,0 +1,419 @@
+"""Reference engine vs Hugging Face transformers `generate` on the same random weights.
+
+Measures, in one run and on the same machine and thread count:
+  * aggregate output tokens/s and TTFT p50/p99 at 1 and at 16 concurrent requests
+    (transformers serves them one after another: that is its sequential baseline);
+  * per-output-token time at 1 concurrent request;
+  * TTFT of a 1k-token prompt whose first 1008 tokens are in the prefix cache vs a cold one.
+kvfleet runs in process through AsyncEngine (the engine thread + asyncio bridge the server
+uses), so HTTP framing is not part of either figure.
+
+Writes docs/benchmarks/engine.json, engine.md and engine.png.
+
+    KVFLEET_EXTRAS=test,bench scripts/bootstrap
+    .venv/bin/python bench/engine_throughput.py               # defaults: a few minutes on 2 cores
+    .venv/bin/python bench/engine_throughput.py --repeats 3 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvfleet.engine.async_engine import AsyncEngine
+from kvfleet.engine.engine_core import load_engine_core
+from kvfleet.engine.sampling import SamplingParams
+from kvfleet.engine.settings import EngineSettings
+from kvfleet.engine.tiny_model import make_tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO / "docs" / "benchmarks"
+
+
+@dataclass
+class RunResult:
+    system: str
+    concurrency: int
+    requests: int
+    wall_s: float
+    tokens_per_s: float
+    generated: int
+    cpu_s: float  # this process's CPU time (all threads) during the run: robust to a shared machine
+    ttft_s: list[float]
+    per_token_s: list[float]  # (e2e - ttft) / (new tokens - 1), per request
+
+
+def cpu_now() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(300, vocab) for _ in range(length)] for _ in range(count)]
+
+
+# -- transformers baseline -------------------------------------------------------------------
+class HFBaseline:
+    def __init__(self, model_dir: Path, device: torch.device) -> None:
+        import transformers
+
+        self.device = device
+        self.model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+        self.streamer_cls = transformers.generation.streamers.BaseStreamer
+
+    def generate(self, prompt: list[int], new_tokens: int) -> tuple[float, float, int]:
+        """(ttft_s, e2e_s, generated) for one request, first-token time taken from a streamer."""
+        stamps: list[float] = []
+
+        class Stamp(self.streamer_cls):  # type: ignore[misc,name-defined]
+            def put(self, value: torch.Tensor) -> None:
+                stamps.append(time.perf_counter())
+
+            def end(self) -> None:
+                pass
+
+        ids = torch.tensor([prompt], device=self.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                streamer=Stamp(),
+                pad_token_id=0,
+            )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        end = time.perf_counter()
+        # stamps[0] is the prompt being "put"; stamps[1] is the first generated token.
+        return stamps[1] - start, end - start, out.shape[1] - len(prompt)
+
+    def run(self, batch: list[list[int]], new_tokens: int, concurrency: int) -> RunResult:
+        """Serve ``batch`` one request after another; when they arrived together (concurrency > 1)
+        a request's TTFT includes waiting for those before it."""
+        ttfts, per_token, generated = [], [], 0
+        cpu0, start = cpu_now(), time.perf_counter()
+        for prompt in batch:
+            queued = time.perf_counter() - start if concurrency > 1 else 0.0
+            ttft, e2e, n = self.generate(prompt, new_tokens)
+            ttfts.append(queued + ttft)
+            per_token.append((e2e - ttft) / max(1, n - 1))
+            generated += n
+        wall = time.perf_counter() - start
+        return RunResult(
+            "transformers",
+            concurrency,
+            len(batch),
+            wall,
+            generated / wall,
+            generated,
+            cpu_now() - cpu0,
+            ttfts,
+            per_token,
+        )
+
+
+# -- kvfleet --------------------------------------------------------------------------------
+class KvfleetEngine:
+    def __init__(self, model_dir: Path, device: str, max_num_batched_tokens: int) -> None:
+        settings = EngineSettings(
+            device=device,  # type: ignore[arg-type]
+            num_kv_blocks=2048,
+            max_num_seqs=64,
+            max_num_batched_tokens=max_num_batched_tokens,
+        )
+        self.core = load_engine_core(model_dir, settings, "bench")
+
+    async def _one(self, engine: AsyncEngine, prompt: list[int], new_tokens: int) -> tuple[float, float, int]:
+        params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+        start = time.perf_counter()
+        stream = engine.submit(engine.new_request_id("bench"), prompt, params)
+        first: float | None = None
+        n = 0
+        while True:
+            out = await stream.next()
+            n += len(out.new_token_ids)
+            if first is None and out.new_token_ids:
+                first = time.perf_counter()
+            if out.finished:
+                break
+        end = time.perf_counter()
+        assert first is not None
+        return first - start, end - start, n
+
+    async def _run(self, batch: list[list[int]], new_tokens: int) -> RunResult:
+        """Submit the whole batch at once (concurrency = its size)."""
+        engine = AsyncEngine(self.core, max_waiting_requests=256)
+        engine.start()
+        try:
+            cpu0, start = cpu_now(), time.perf_counter()
+            results = await asyncio.gather(*(self._one(engine, p, new_tokens) for p in batch))
+            wall = time.perf_counter() - start
+            cpu = cpu_now() - cpu0
+        finally:
+            engine.shutdown()
+        generated = sum(r[2] for r in results)
+        per_token = [(e2e - ttft) / max(1, n - 1) for ttft, e2e, n in results]
+        ttfts = [r[0] for r in results]
+        return RunResult("kvfleet", len(batch), len(batch), wall, generated / wall, generated, cpu, ttfts, per_token)
+
+    def run(self, batch: list[list[int]], new_tokens: int) -> RunResult:
+        return asyncio.run(self._run(batch, new_tokens))
+
+    def ttft(self, prompt: list[int]) -> float:
+        result = self.run([prompt], 1)
+        return result.ttft_s[0]
+
+
+# -- the benchmark ----------------------------------------------------------------------------
+def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[str, Any]:
+    vocab = args.vocab
+    kv = KvfleetEngine(model_dir, device, args.max_num_batched_tokens)
+    hf = HFBaseline(model_dir, kv.core.model.device)
+    warm = prompts(1, 32, vocab, seed=99)[0]
+    hf.generate(warm, 4)
+    kv.run([warm], 4)
+
+    out: dict[str, Any] = {"device": str(kv.core.model.device), "runs": []}
+
+    def record(r: RunResult, rep: int) -> None:
+        out["runs"].append(asdict(r))
+        print(
+            f"[{device}] {r.system:12s} conc={r.concurrency:2d} rep={rep} {r.tokens_per_s:8.1f} tok/s "
+            f"ttft p50 {pct(r.ttft_s, 50) * 1e3:8.1f} ms  per-token {statistics.median(r.per_token_s) * 1e3:7.2f} ms "
+            f"cpu/token {r.cpu_s / r.generated * 1e3:7.2f} ms",
+            flush=True,
+        )
+
+    # 1 concurrent: the two systems alternate request by request, so load swings hit both alike.
+    for i, prompt in enumerate(prompts(args.single_requests, args.prompt_tokens, vocab, seed=1)):
+        record(kv.run([prompt], args.new_tokens), i)
+        record(hf.run([prompt], args.new_tokens, concurrency=1), i)
+    for rep in range(args.repeats):
+        batch = prompts(args.concurrency, args.prompt_tokens, vocab, seed=100 + rep)
+        record(kv.run(batch, args.new_tokens), rep)
+        record(hf.run(batch, args.new_tokens, concurrency=args.concurrency), rep)
+
+    summary: dict[str, dict[str, float]] = {}
+    for conc in (1, args.concurrency):
+        for system in ("kvfleet", "transformers"):
+            runs = [r for r in out["runs"] if r["system"] == system and r["concurrency"] == conc]
+            ttfts = [t for r in runs for t in r["ttft_s"]]
+            generated = sum(r["generated"] for r in runs)
+            summary[f"{system}@{conc}"] = {
+                # Aggregate throughput: all tokens over all wall time of this setting's runs.
+                "tokens_per_s": generated / sum(r["wall_s"] for r in runs),
+                "ttft_p50_s": pct(ttfts, 50),
+                "ttft_p99_s": pct(ttfts, 99),
+                "per_token_s": statistics.median(t for r in runs for t in r["per_token_s"]),
+                "cpu_s_per_token": sum(r["cpu_s"] for r in runs) / generated,
+            }
+
+    # Prefix cache: a 1008-token shared prefix (63 blocks of 16) + a 16-token tail = 1024 tokens.
+    rng = random.Random(7)
+    shared = [rng.randrange(300, vocab) for _ in range(args.long_prompt_tokens - 16)]
+    kv.ttft([*shared, *[rng.randrange(300, vocab) for _ in range(16)]])  # puts the prefix in the cache
+    hits, misses, hf_long = [], [], []
+    for _ in range(args.prefix_trials):
+        misses.append(kv.ttft([rng.randrange(300, vocab) for _ in range(args.long_prompt_tokens)]))
+        hits.append(kv.ttft([*shared, *[rng.randrange(300, vocab) for _ in range(16)]]))
+    for _ in range(max(1, args.prefix_trials // 2)):
+        hf_long.append(hf.generate([rng.randrange(300, vocab) for _ in range(args.long_prompt_tokens)], 1)[0])
+    summary["prefix"] = {
+        "kvfleet_miss_ttft_s": statistics.median(misses),
+        "kvfleet_hit_ttft_s": statistics.median(hits),
+        "transformers_ttft_s": statistics.median(hf_long),
+    }
+    out["prefix_trials"] = {"hit_s": hits, "miss_s": misses, "transformers_s": hf_long}
+    print(
+        f"[{device}] 1k prompt TTFT: miss {summary['prefix']['kvfleet_miss_ttft_s'] * 1e3:.1f} ms, "
+        f"hit {summary['prefix']['kvfleet_hit_ttft_s'] * 1e3:.1f} ms",
+        flush=True,
+    )
+
+    k1, h1 = summary["kvfleet@1"], summary["transformers@1"]
+    kc, hc = summary[f"kvfleet@{args.concurrency}"], summary[f"transformers@{args.concurrency}"]
+    p = summary["prefix"]
+    out["summary"] = summary
+    out["goals"] = {
+        "throughput_ratio_at_concurrency": kc["tokens_per_s"] / hc["tokens_per_s"],
+        "throughput_goal_min": 4.0,
+        "cpu_per_token_ratio_at_concurrency": hc["cpu_s_per_token"] / kc["cpu_s_per_token"],
+        "per_token_ratio_at_1": k1["per_token_s"] / h1["per_token_s"],
+        "per_token_goal_max": 1.5,
+        "prefix_hit_speedup": p["kvfleet_miss_ttft_s"] / p["kvfleet_hit_ttft_s"],
+        "prefix_goal_min": 5.0,
+    }
+    g = out["goals"]
+    g["throughput_met"] = g["throughput_ratio_at_concurrency"] >= 4.0
+    g["per_token_met"] = g["per_token_ratio_at_1"] <= 1.5
+    g["prefix_met"] = g["prefix_hit_speedup"] >= 5.0
+    return out
+
+
+def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = [
+        "<!-- generated by bench/engine_throughput.py; edit the script, not this file -->",
+        "# Reference engine vs transformers `generate`",
+        "",
+        "Same random weights in both; transformers serves concurrent requests one after another (its",
+        "sequential baseline), kvfleet batches them continuously over its paged KV cache. kvfleet runs in",
+        "process through AsyncEngine (HTTP framing is in neither figure). TTFT at concurrency N counts the",
+        "time a request waits behind the others. Per-token = (e2e - TTFT) / (new tokens - 1), median over",
+        "requests. Figures are medians; the machine is shared (see the load averages), so read ratios,",
+        "not absolute numbers. Reproduce: `.venv/bin/python bench/engine_throughput.py` (after",
+        "`KVFLEET_EXTRAS=test,bench scripts/bootstrap`); raw samples are in engine.json.",
+        "",
+        f"Model: random weights, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, float32; "
+        f"{args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, greedy; {args.repeats} repeat(s); "
+        f"torch threads {torch.get_num_threads()}; load average before/after: {result['load_before']} / "
+        f"{result['load_after']}.",
+        "",
+    ]
+    for dev in result["devices"]:
+        s, g, c = dev["summary"], dev["goals"], args.concurrency
+        lines += [
+            f"### {dev['device']}",
+            "",
+            "| concurrency | system | tokens/s | TTFT p50 | TTFT p99 | per-token | CPU time per token |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for conc in (1, c):
+            for system in ("transformers", "kvfleet"):
+                r = s[f"{system}@{conc}"]
+                lines.append(
+                    f"| {conc} | {system} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s'] * 1e3:.1f} ms | "
+                    f"{r['ttft_p99_s'] * 1e3:.1f} ms | {r['per_token_s'] * 1e3:.2f} ms | "
+                    f"{r['cpu_s_per_token'] * 1e3:.2f} ms |"
+                )
+        p = s["prefix"]
+        lines += [
+            "",
+            f"| {args.long_prompt_tokens}-token prompt | TTFT (median of {args.prefix_trials}) |",
+            "|---|---|",
+            f"| kvfleet, prefix miss | {p['kvfleet_miss_ttft_s'] * 1e3:.1f} ms |",
+            f"| kvfleet, prefix hit ({args.long_prompt_tokens - 16} tokens cached) | "
+            f"{p['kvfleet_hit_ttft_s'] * 1e3:.1f} ms |",
+            f"| transformers (no cache) | {p['transformers_ttft_s'] * 1e3:.1f} ms |",
+            "",
+            "| goal | measured | met |",
+            "|---|---|---|",
+            f"| throughput at {c} concurrent >= 4x transformers' sequential | "
+            f"{g['throughput_ratio_at_concurrency']:.2f}x | {'yes' if g['throughput_met'] else 'no'} |",
+            f"| per-token time at 1 concurrent <= 1.5x transformers' | {g['per_token_ratio_at_1']:.2f}x | "
+            f"{'yes' if g['per_token_met'] else 'no'} |",
+            f"| prefix-hit TTFT >= 5x faster than a miss | {g['prefix_hit_speedup']:.1f}x | "
+            f"{'yes' if g['prefix_met'] else 'no'} |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = result["devices"]
+    fig, axes = plt.subplots(len(devices), 2, figsize=(10, 4 * len(devices)), squeeze=False)
+    for row, dev in zip(axes, devices, strict=True):
+        s = dev["summary"]
+        concs = [1, args.concurrency]
+        width = 0.38
+        for i, system in enumerate(("transformers", "kvfleet")):
+            values = [s[f"{system}@{c}"]["tokens_per_s"] for c in concs]
+            row[0].bar([x + (i - 0.5) * width for x in range(len(concs))], values, width, label=system)
+        row[0].set_xticks(range(len(concs)), [f"{c} concurrent" for c in concs])
+        row[0].set_ylabel("output tokens/s (median)")
+        row[0].set_title(f"Throughput ({dev['device']})")
+        row[0].legend()
+        p = s["prefix"]
+        labels = ["kvfleet miss", "kvfleet hit", "transformers"]
+        values = [p["kvfleet_miss_ttft_s"] * 1e3, p["kvfleet_hit_ttft_s"] * 1e3, p["transformers_ttft_s"] * 1e3]
+        row[1].bar(labels, values, color=["tab:orange", "tab:green", "tab:blue"])
+        row[1].set_ylabel("TTFT, ms (median)")
+        row[1].set_title(f"{args.long_prompt_tokens}-token prompt TTFT ({dev['device']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--single-requests", type=int, default=4, help="requests in the 1-concurrent run")
+    parser.add_argument("--long-prompt-tokens", type=int, default=1024)
+    parser.add_argument("--prefix-trials", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda", "all"], default="all", help="all: CPU, plus CUDA when a GPU is present"
+    )
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--work-dir", type=Path, default=REPO / "bench" / ".work")
+    args = parser.parse_args()
+
+    model_dir = args.work_dir / f"llama-{args.layers}x{args.hidden}-v{args.vocab}"
+    if not (model_dir / "model.safetensors").exists():
+        make_tiny_model(
+            model_dir,
+            overwrite=True,
+            layers=args.layers,
+            hidden=args.hidden,
+            vocab=args.vocab,
+            heads=8,
+            kv_heads=4,
+            max_position_embeddings=2048,
+        )
+    devices = ["cpu"] if args.device == "cpu" else ["cuda"] if args.device == "cuda" else ["cpu"]
+    if args.device == "all" and torch.cuda.is_available():
+        devices.append("cuda")
+    result: dict[str, Any] = {
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+            "cuda": torch.cuda.is_available(),
+        },
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "devices": [run_device(args, model_dir, d) for d in devices],
+    }
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out_dir / "engine.md").write_text(markdown(result, args) + "\n")
+    plot(result, args, args.out_dir / "engine.png")
+    print(markdown(result, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

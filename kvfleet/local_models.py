@@ -1,0 +1,191 @@
+"""Where a local engine's weights come from, and the command line that starts it.
+
+``file://`` paths are used in place (relative ones from the working directory) and the tiny
+random-weight model is built there when the manifest's ``kvfleet.io/make-tiny-model`` annotation
+asks for it; ``s3://`` models are pulled through the weight cache into a node cache under the
+state directory. hf:// and pvc:// need a cluster (or a download), so local mode refuses them
+with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvfleet.resource import InferenceDeployment
+
+MAKE_TINY_ANNOTATION = "kvfleet.io/make-tiny-model"
+
+
+class LocalModelError(ValueError):
+    """A deployment cannot run in local mode as written; the message names the field."""
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """Everything needed to start one engine replica of a deployment, except its port."""
+
+    deployment: str
+    served_name: str
+    model_path: Path
+    extra_args: tuple[str, ...]
+    env: Mapping[str, str]
+
+    def argv(self, port: int, host: str = "127.0.0.1") -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "kvfleet.cli",
+            "engine",
+            "serve",
+            "--model",
+            str(self.model_path),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--served-model-name",
+            self.served_name,
+            *self.extra_args,
+        ]
+
+    def process_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+
+def file_uri_path(uri: str, cwd: Path) -> Path:
+    """The local path of a file:// URI; relative paths are taken from ``cwd``."""
+    raw = uri.removeprefix("file://")
+    path = Path(raw)
+    return path if path.is_absolute() else (cwd / path)
+
+
+def wants_tiny_model(deployment: InferenceDeployment) -> bool:
+    return deployment.metadata.annotations.get(MAKE_TINY_ANNOTATION, "").lower() == "true"
+
+
+# A function that builds the tiny model at a path (the engine's make_tiny_model by default).
+TinyModelMaker = Callable[[Path], object]
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A local model directory, and how to let go of it (a node-cache lease) when local mode exits."""
+
+    path: Path
+    release: Callable[[], None] | None = None
+
+
+# Pulls an s3:// model into the node cache under the given root (the weight cache's pull_model).
+ModelPuller = Callable[[InferenceDeployment, Path], ResolvedModel]
+
+
+def resolve_model(
+    deployment: InferenceDeployment,
+    cwd: Path,
+    state_dir: Path,
+    *,
+    make_tiny: TinyModelMaker | None = None,
+    pull: ModelPuller | None = None,
+) -> ResolvedModel:
+    """The local directory to serve ``deployment`` from, building or pulling it when needed."""
+    uri = deployment.spec.model.uri
+    where = f"{deployment.name}: spec.model.uri"
+    if uri.startswith("file://"):
+        path = file_uri_path(uri, cwd)
+        if path.exists():
+            return ResolvedModel(path)
+        if not wants_tiny_model(deployment):
+            raise LocalModelError(
+                f'{where}: {path} does not exist (set the annotation {MAKE_TINY_ANNOTATION}: "true" '
+                "to build a tiny random-weight model there)"
+            )
+        maker = make_tiny or _default_tiny_maker()
+        maker(path)
+        return ResolvedModel(path)
+    if uri.startswith("s3://"):
+        puller = pull or _default_puller()
+        return puller(deployment, state_dir / "node-cache")
+    scheme = uri.split("://", 1)[0]
+    raise LocalModelError(f"{where}: {scheme}:// models need a cluster; local mode serves file:// and s3:// models")
+
+
+def engine_launch(deployment: InferenceDeployment, model_path: Path) -> EngineLaunch:
+    spec = deployment.spec
+    if spec.engine.kind != "reference":
+        raise LocalModelError(
+            f"{deployment.name}: spec.engine.kind is {spec.engine.kind!r}; local mode runs the reference engine "
+            "(kind: reference), since vLLM needs a GPU pod"
+        )
+    env: dict[str, str] = {}
+    for index, var in enumerate(spec.engine.env):
+        if var.value_from is not None:
+            raise LocalModelError(
+                f"{deployment.name}: spec.engine.env[{index}].valueFrom ({var.name}) reads a Kubernetes Secret or "
+                "ConfigMap, which local mode does not have; export the variable before `kvfleet local up` instead"
+            )
+        env[var.name] = var.value or ""
+    managed: list[str] = []
+    if spec.engine.max_model_len is not None:
+        managed += ["--max-model-len", str(spec.engine.max_model_len)]
+    if not spec.engine.enable_prefix_caching:
+        managed.append("--no-enable-prefix-caching")
+    threads = cpu_threads(spec.resources.cpu)
+    if threads is not None:
+        # Several engines share the machine: torch's default (all cores each) oversubscribes it.
+        managed += ["--threads", str(threads)]
+    return EngineLaunch(
+        deployment=deployment.name,
+        served_name=deployment.served_name,
+        model_path=model_path,
+        extra_args=(*managed, *spec.engine.extra_args),
+        env=env,
+    )
+
+
+def cpu_threads(cpu: str | None) -> int | None:
+    """Torch threads for a Kubernetes CPU quantity ("1", "500m", "2.5"): rounded up, at least 1."""
+    if cpu is None:
+        return None
+    try:
+        cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    except ValueError:  # an odd but valid quantity ("1k"): leave torch's default
+        return None
+    return max(1, math.ceil(cores))
+
+
+def _default_tiny_maker() -> TinyModelMaker:
+    try:
+        from kvfleet.engine.tiny_model import make_tiny_model
+    except ImportError as e:
+        raise LocalModelError(f"cannot build the tiny model: the reference engine is not installed ({e})") from e
+
+    def make(path: Path) -> object:
+        return make_tiny_model(path)
+
+    return make
+
+
+def _default_puller() -> ModelPuller:
+    """The weight cache's ``pull_model``: S3 -> node cache under the state directory, leased."""
+    try:
+        from kvfleet.weight_cache.pull import pull_model
+        from kvfleet.weight_cache.settings import S3Settings
+    except ImportError as e:
+        raise LocalModelError(f"s3:// models need the weight cache, which is not installed ({e})") from e
+
+    def pull(deployment: InferenceDeployment, node_cache_root: Path) -> ResolvedModel:
+        cache = deployment.spec.cache
+        # The lease is held until local mode exits: the node cache never evicts a model in use.
+        pulled = pull_model(
+            deployment.spec.model.uri,
+            node_cache_root,
+            s3=S3Settings(endpoint_url=cache.s3_endpoint, region=cache.region),
+        )
+        return ResolvedModel(Path(pulled.path), release=pulled.release)
+
+    return pull
