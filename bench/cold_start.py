@@ -170,7 +170,7 @@ def median(values: list[float]) -> float:
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for scenario, reports in runs.items():
-        row: dict[str, Any] = {p: median([r["phases"][p]["seconds"] for r in reports]) for p in PHASES}
+        row: dict[str, Any] = {p: median([r["phases"][p] for r in reports]) for p in PHASES}
         totals = [r["totalSeconds"] for r in reports]
         row.update(
             total=median(totals),
@@ -334,23 +334,23 @@ def main() -> None:
                 r = runs[name][-1]
                 print(
                     f"  {name:15s} total {r['totalSeconds']:.2f}s "
-                    + " ".join(f"{p}={r['phases'][p]['seconds']:.2f}" for p in PHASES),
+                    + " ".join(f"{p}={r['phases'][p]:.2f}" for p in PHASES),
                     flush=True,
                 )
             print(f"  bare engine     {bare_runs[-1]:.2f}s", flush=True)
 
         checks = {
-            "coldPulledFromS3": all(r["phases"]["pull"]["source"] == "s3" for r in runs["cold"]),
+            "coldPulledFromS3": all(r["phaseDetails"]["pull"]["source"] == "s3" for r in runs["cold"]),
             "warmWeightsFromNode": all(
-                r["phases"]["pull"]["source"] == "node-cache" for s in SCENARIOS[1:] for r in runs[s]
+                r["phaseDetails"]["pull"]["source"] == "node-cache" for s in SCENARIOS[1:] for r in runs[s]
             ),
             "coldArtifactsMissedAndPushed": all(
-                r["phases"]["artifacts"]["source"] == "miss" and r["artifactsPushed"] for r in runs["cold"]
+                r["phaseDetails"]["artifacts"]["source"] == "miss" and r["artifactsPushed"] for r in runs["cold"]
             ),
             "artifactsWarmFromBucket": all(
-                r["phases"]["artifacts"]["source"] == "bucket" for r in runs["artifacts-warm"]
+                r["phaseDetails"]["artifacts"]["source"] == "bucket" for r in runs["artifacts-warm"]
             ),
-            "allWarmFromNode": all(r["phases"]["artifacts"]["source"] == "node-cache" for r in runs["all-warm"]),
+            "allWarmFromNode": all(r["phaseDetails"]["artifacts"]["source"] == "node-cache" for r in runs["all-warm"]),
         }
         result = {
             "command": "python bench/cold_start.py " + " ".join(sys.argv[1:]),

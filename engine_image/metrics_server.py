@@ -2,8 +2,8 @@
 
 ``/metrics`` carries ``kvfleet_coldstart_seconds{phase}`` (phase ``total`` once every phase is
 done) and whether each cache hit; ``/coldstart`` is the same as JSON for the operator, which
-copies ``totalSeconds`` into ``status.measuredColdStartSeconds``. It runs in the launcher's event
-loop beside the engine process, so it is up before the first phase starts.
+copies ``totalSeconds`` into ``status.measuredColdStartSeconds`` (503 until it is known). It runs in
+the launcher's event loop beside the engine process, so it is up before the first phase starts.
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ def make_app(metrics: ColdStartMetrics, report: Callable[[], dict[str, Any]]) ->
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def get_coldstart(request: web.Request) -> web.Response:
-        return web.json_response(report())
+        # 503 until the first token was served (the contract); the partial document helps a human.
+        doc = report()
+        return web.json_response(doc, status=200 if doc.get("complete") else 503)
 
     app = web.Application()
     app.router.add_get("/metrics", get_metrics)

@@ -61,6 +61,10 @@ def test_runs_as_a_non_root_numeric_user(repo_root: Path, name: str) -> None:
     assert users, "no USER: the image would run as root"
     uid = users[-1]["value"].split(":")[0]
     assert uid.isdigit() and int(uid) >= 1000, "numeric uid so runAsNonRoot can verify it"
+    # The uid the operator runs engine pods as: files the image prepares must belong to it.
+    from kvfleet.operator.settings import OperatorSettings
+
+    assert int(uid) == OperatorSettings().run_as_user
 
 
 @pytest.mark.parametrize("name", IMAGES)

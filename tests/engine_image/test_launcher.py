@@ -106,11 +106,14 @@ async def until(predicate: Any, timeout_s: float = 20.0) -> None:
 
 
 async def coldstart(settings: LauncherSettings) -> dict[str, Any]:
+    """The launcher's /coldstart document; the status is checked against the contract (503 until complete)."""
     try:
         status, text = await get(f"http://127.0.0.1:{settings.metrics_port}/coldstart")
     except aiohttp.ClientError:
         return {}
-    return json.loads(text) if status == 200 else {}
+    doc: dict[str, Any] = json.loads(text)
+    assert status == (200 if doc["complete"] else 503)
+    return doc
 
 
 async def test_phases_are_recorded_served_and_sigterm_drains_the_engine(tmp_path: Path, model_dir: Path) -> None:
@@ -128,9 +131,9 @@ async def test_phases_are_recorded_served_and_sigterm_drains_the_engine(tmp_path
         await until(complete)
         report = await coldstart(settings)
         assert set(report["phases"]) == {"pull", "artifacts", "engine_start", "first_ready"}
-        assert report["phases"]["pull"]["source"] == "local"
-        assert report["phases"]["artifacts"]["hit"] is False
-        assert report["totalSeconds"] == pytest.approx(sum(p["seconds"] for p in report["phases"].values()), abs=1e-3)
+        assert report["phaseDetails"]["pull"]["source"] == "local"
+        assert report["phaseDetails"]["artifacts"]["hit"] is False
+        assert report["totalSeconds"] == pytest.approx(sum(report["phases"].values()), abs=1e-3)
         assert report["servedName"] == "tiny" and len(report["modelDigest"]) == 64
         assert report["artifactsPushed"] is False and store.pushed == []  # ready while the push is held
 
@@ -170,15 +173,16 @@ async def test_second_launch_hits_node_local_artifacts(tmp_path: Path, model_dir
 
         async def settled(launcher: Launcher = launcher) -> bool:
             report = launcher.report()
-            return bool(report["complete"]) and (report["artifactsPushed"] or report["phases"]["artifacts"]["hit"])
+            artifacts = report["phaseDetails"].get("artifacts", {})
+            return bool(report["complete"]) and (report["artifactsPushed"] or artifacts.get("hit", False))
 
         await until(settled)
         fingerprints.append(launcher.report())
         launcher.handle_signal(signal.SIGTERM)
         assert await asyncio.wait_for(task, 20) == 0
     first, second = fingerprints
-    assert first["phases"]["artifacts"]["source"] == "miss"
-    assert second["phases"]["artifacts"]["source"] == "node-cache"
+    assert first["phaseDetails"]["artifacts"]["source"] == "miss"
+    assert second["phaseDetails"]["artifacts"]["source"] == "node-cache"
     assert first["artifactsFingerprint"] == second["artifactsFingerprint"]
     assert store.pushed == [first["artifactsFingerprint"]]
 

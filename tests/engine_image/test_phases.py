@@ -34,15 +34,21 @@ def test_phases_sum_to_the_total_and_report_details() -> None:
     assert [r.seconds for r in seen] == [2.5, 0.5, 4.0, 0.25]
     report = recorder.report()
     assert report["totalSeconds"] == 7.25
-    assert report["phases"]["pull"] == {"seconds": 2.5, "source": "s3"}
-    assert report["phases"]["artifacts"] == {"seconds": 0.5, "hit": False}
+    assert report["phases"] == {"pull": 2.5, "artifacts": 0.5, "engine_start": 4.0, "first_ready": 0.25}
+    assert report["phaseDetails"]["pull"] == {"source": "s3"}
+    assert report["phaseDetails"]["artifacts"] == {"hit": False}
 
 
 def test_incomplete_report_has_no_total() -> None:
     recorder = PhaseRecorder(StepClock(0, 1))
     with recorder.phase("pull"):
         pass
-    assert recorder.report() == {"complete": False, "totalSeconds": None, "phases": {"pull": {"seconds": 1}}}
+    assert recorder.report() == {
+        "complete": False,
+        "totalSeconds": None,
+        "phases": {"pull": 1},
+        "phaseDetails": {"pull": {}},
+    }
 
 
 def test_a_failed_phase_is_not_recorded() -> None:
