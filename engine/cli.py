@@ -82,6 +82,12 @@ def engine() -> None:
     help="Seconds SIGTERM waits for in-flight requests.",
 )
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(0), help="Torch threads (0: default).")
+@click.option(
+    "--artifacts-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Reuse (or save) the weights in runtime layout here; the launcher restores it from the weight cache.",
+)
 def serve(
     model_dir: Path,
     host: str,
@@ -99,6 +105,7 @@ def serve(
     enable_prefix_caching: bool,
     drain_timeout_s: float,
     threads: int,
+    artifacts_dir: Path | None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     from kvfleet.engine.server import serve as run_server
@@ -118,6 +125,7 @@ def serve(
             device=device,  # type: ignore[arg-type]
             dtype=dtype,  # type: ignore[arg-type]
             torch_threads=threads,
+            artifacts_dir=artifacts_dir,
         )
         server_settings = ServerSettings(
             host=host, port=port, served_model_name=served_model_name, drain_timeout_s=drain_timeout_s
@@ -172,3 +180,10 @@ def make_tiny_model_command(
     except (ValueError, FileExistsError) as e:
         raise click.UsageError(str(e)) from e
     click.echo(f"wrote {out}")
+
+
+# The engine images' entrypoint lives with the images (kvfleet.engine_image); it is a command of
+# this group so pods run `kvfleet engine launch`. Importing it costs only click.
+from kvfleet.engine_image.launch_cli import launch  # noqa: E402
+
+engine.add_command(launch)

@@ -19,12 +19,12 @@ from kvfleet.engine.metrics import EngineMetrics
 from kvfleet.engine.model import LlamaModel
 from kvfleet.engine.model_config import load_model_config
 from kvfleet.engine.paged_attention import ForwardBatch, decode_group, prefill_group, slot_table
+from kvfleet.engine.runtime_artifacts import load_model
 from kvfleet.engine.sampling import SamplingParams, sample
 from kvfleet.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from kvfleet.engine.sequence import Sequence
 from kvfleet.engine.settings import EngineSettings
 from kvfleet.engine.tokenizer import IncrementalDetokenizer, ModelTokenizer
-from kvfleet.engine.weights import load_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +299,6 @@ def load_engine_core(
     device = resolve_device(settings.device, torch.cuda.is_available())
     dtype = resolve_dtype(settings.dtype, device, config.torch_dtype)
     tokenizer = ModelTokenizer.from_dir(model_dir, config.eos_token_ids)
-    model = LlamaModel(config, load_state_dict(model_dir), device, dtype)
+    model = load_model(config, model_dir, device, dtype, settings.artifacts_dir)
     log.info("loaded %s on %s as %s", model_dir, device, dtype)
     return EngineCore(model, tokenizer, settings, model_id, metrics, clock)

@@ -4,6 +4,7 @@ is checked once here so the rest of the engine can trust them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
@@ -42,6 +43,8 @@ class EngineSettings:
     # Torch intra-op threads; 0 keeps torch's default.
     torch_threads: int = 0
     seed: int = 0
+    # Runtime-layout weights saved after a load and reused by the next start (runtime_artifacts).
+    artifacts_dir: Path | None = None
 
     def __post_init__(self) -> None:
         _require(1 <= self.block_size_tokens <= 256, "block_size_tokens", "must be in [1, 256]")

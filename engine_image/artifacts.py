@@ -1,0 +1,61 @@
+"""Engine artifacts: their fingerprint, and how a node remembers a complete set.
+
+An artifact built for one engine version, model, GPU or flag set is never loaded by another: the
+fingerprint (``kvfleet.weight_cache.fingerprint``) covers everything that changes the compiled
+result (ARCHITECTURE.md). The launcher computes it with the same function as
+``kvfleet artifacts fingerprint``, so artifacts prebuilt with that command are found here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvfleet.spec import InferenceDeploymentSpec
+from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint, detect_accelerator, fingerprint
+
+# The distribution whose version identifies each engine kind's compiled code.
+ENGINE_DISTRIBUTIONS = {"vllm": "vllm", "sglang": "sglang", "reference": "kvfleet"}
+CPU = Accelerator(gpu_product="cpu", cuda_version=None, driver_version=None, device_count=0)
+
+# Written into an artifacts directory once it is known complete (restored from the bucket, or
+# pushed after a miss), so the next launch on this node uses it without asking the bucket.
+COMPLETE_MARKER = ".kvfleet-complete"
+
+
+def distribution_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not-installed"
+
+
+def probe_accelerator(want_gpu: bool) -> Accelerator:
+    """What the engine compiles for. A CPU deployment is "cpu" even on a GPU node, and answering
+    that needs no torch import (seconds the launcher would otherwise spend before every start)."""
+    return detect_accelerator() if want_gpu else CPU
+
+
+def artifact_fingerprint(
+    spec: InferenceDeploymentSpec, model_digest: str, accelerator: Accelerator, engine_argv: Sequence[str]
+) -> Fingerprint:
+    """The fingerprint of this deployment's artifacts on this machine."""
+    kind = spec.engine.kind
+    return fingerprint(
+        engine_name=kind,
+        engine_version=distribution_version(ENGINE_DISTRIBUTIONS[kind]),
+        model_digest=model_digest,
+        accelerator=accelerator,
+        tensor_parallel_size=spec.engine.tensor_parallel_size,
+        dtype=spec.engine.dtype,
+        engine_args=engine_argv,
+    )
+
+
+def is_complete(directory: Path) -> bool:
+    return (directory / COMPLETE_MARKER).is_file()
+
+
+def mark_complete(directory: Path) -> None:
+    (directory / COMPLETE_MARKER).write_text("ok\n")

@@ -1,0 +1,138 @@
+"""The launcher's weights and artifacts through ``kvfleet.weight_cache`` (S3 and the node cache).
+
+Where a model's weights are in the bucket:
+
+- ``s3://bucket/prefix`` models are pulled from that location (populated with
+  ``kvfleet cache populate``: a manifest plus the files);
+- ``hf://org/name`` models are served from the deployment's cache bucket at
+  ``s3://<cache.bucket>/<cache.prefix><org>/<name>[@<revision>]``; pods never reach the Hugging Face
+  hub themselves (a populate job does, once).
+
+Weight-cache errors become :class:`LaunchError` in the ``pull`` phase here, once; artifact errors
+become misses (artifacts make a start faster, they never make it fail).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from kvfleet.spec import InferenceDeploymentSpec
+from kvfleet.weight_cache import (
+    ChecksumMismatchError,
+    NodeCacheSettings,
+    PullSettings,
+    S3Settings,
+    WeightCacheError,
+    make_client,
+    pull_artifacts,
+    pull_model,
+    push_artifacts,
+)
+from kvfleet.weight_cache.fingerprint import Fingerprint
+from kvfleet.weight_cache.s3 import S3Client
+
+from .errors import LaunchError
+from .launch_spec import LaunchSpec
+from .sources import PulledWeights
+
+log = logging.getLogger(__name__)
+
+
+def weights_location(spec: InferenceDeploymentSpec) -> str:
+    """The s3:// location the weights are pulled from (see the module docstring)."""
+    uri = spec.model.uri
+    if uri.startswith("s3://"):
+        return uri
+    if uri.startswith("hf://"):
+        if spec.cache.bucket is None:
+            raise LaunchError(
+                "pull",
+                f"{uri}: hf:// models are served through the weight cache; set spec.cache.bucket and populate it "
+                "with `kvfleet cache populate hf://... s3://<bucket>/<prefix>...`",
+            )
+        key = uri[len("hf://") :]
+        if spec.model.revision:
+            key = f"{key}@{spec.model.revision}"
+        return f"s3://{spec.cache.bucket}/{spec.cache.prefix}{key}"
+    raise LaunchError("pull", f"{uri} is not pulled through the weight cache (only s3:// and hf:// are)")
+
+
+def s3_settings(spec: InferenceDeploymentSpec) -> S3Settings:
+    """The spec's endpoint and region; credentials come from boto3's chain (the pod's AWS_* env)."""
+    return S3Settings(endpoint_url=spec.cache.s3_endpoint, region=spec.cache.region)
+
+
+def node_cache_settings(spec: InferenceDeploymentSpec) -> NodeCacheSettings:
+    limit = spec.cache.node_cache.size_limit
+    if not limit:
+        return NodeCacheSettings()
+    # Imported here: the kubernetes package is slow to import, and most specs set no limit.
+    from kubernetes.utils.quantity import parse_quantity
+
+    return NodeCacheSettings(size_limit_bytes=int(parse_quantity(limit)))
+
+
+class CacheWeights:
+    """Pulls s3:// and hf:// models into the node cache, holding a lease while the engine serves."""
+
+    def __init__(self, node_cache_root: Path, client: S3Client | None = None, settings: PullSettings | None = None):
+        self._root = node_cache_root
+        self._client = client
+        self._settings = settings
+
+    def pull(self, launch: LaunchSpec) -> PulledWeights:
+        spec = launch.spec
+        location = weights_location(spec)
+        settings = self._settings or PullSettings(allow_pickle=spec.model.allow_pickle)
+        try:
+            pulled = pull_model(
+                location,
+                self._root,
+                settings,
+                node_cache_settings=node_cache_settings(spec),
+                s3=s3_settings(spec),
+                client=self._client,
+            )
+        except ChecksumMismatchError as e:
+            raise LaunchError("pull", f"checksum failed for {location}: {e}") from e
+        except WeightCacheError as e:
+            raise LaunchError("pull", f"{location}: {e}") from e
+        fetched = pulled.result.downloaded_bytes if pulled.result is not None else 0
+        return PulledWeights(
+            path=pulled.path,
+            digest=pulled.digest,
+            source="node-cache" if pulled.hit else "s3",
+            bytes_fetched=fetched,
+            release=pulled.release,
+        )
+
+
+class CacheArtifacts:
+    """Artifacts under ``s3://<cache.bucket>/<cache.artifacts.prefix>``."""
+
+    def __init__(self, client: S3Client, location: str) -> None:
+        self._client = client
+        self._location = location
+
+    @classmethod
+    def for_spec(cls, spec: InferenceDeploymentSpec, client: S3Client | None = None) -> CacheArtifacts | None:
+        if not spec.cache.artifacts.enabled or spec.cache.bucket is None:
+            return None
+        location = f"s3://{spec.cache.bucket}/{spec.cache.artifacts.prefix}"
+        return cls(client or make_client(s3_settings(spec)), location)
+
+    def fetch(self, fp: Fingerprint, dest: Path) -> bool:
+        try:
+            result = pull_artifacts(self._client, self._location, fp, dest)
+        except WeightCacheError as e:
+            raise LaunchError("artifacts", str(e)) from e
+        if not result.hit:
+            log.info("artifacts %s: miss (%s)", fp.key, result.reason)
+        return result.hit
+
+    def push(self, fp: Fingerprint, src: Path) -> None:
+        try:
+            push_artifacts(self._client, src, self._location, fp)
+        except WeightCacheError as e:
+            raise LaunchError("serve", f"artifact push failed: {e}") from e

@@ -1,0 +1,250 @@
+"""Render an engine's command line and environment from the spec: pure functions, no I/O.
+
+One renderer per engine kind. Each returns the argv, the environment that points the engine at
+its artifact directories (compile caches), and a note for every spec field the engine ignores, so
+the launcher can log why a setting had no effect. A field an engine cannot honour at all (fp8 KV
+on the reference engine) is an error naming the field, never a silently different engine.
+Extra arguments from ``engine.extraArgs`` always come last, after everything kvfleet renders.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvfleet.spec import EngineSpec, InferenceDeploymentSpec
+
+# Subdirectories of the artifacts directory, one per cache the engines write. The whole directory
+# is what the weight cache packs into one fingerprinted tar.
+VLLM_CACHE_SUBDIR = "vllm"
+INDUCTOR_CACHE_SUBDIR = "inductor"
+TRITON_CACHE_SUBDIR = "triton"
+REFERENCE_ARTIFACTS_SUBDIR = "reference"
+
+# The file the reference engine writes last when its runtime artifact is saved (after it is ready,
+# in the background): the launcher pushes only once it exists. Engine's runtime_artifacts.META_FILE.
+REFERENCE_ARTIFACTS_MARKER = "runtime.json"
+
+# SGLang names fp8 KV caches by their exact format; "fp8" means e4m3 in vLLM's convention too.
+SGLANG_KV_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+class RenderError(ValueError):
+    """The spec asks for something this engine cannot do; ``field`` is the spec path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+# The reference engine's own default block size, used to size --kv-blocks for maxModelLen.
+REFERENCE_DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class ReferenceEngineSizing:
+    """Sizes of the reference engine the spec does not carry; None leaves the engine's default
+    (it sizes its KV pool from memory). ``engine.extraArgs`` may override any of them."""
+
+    block_size_tokens: int | None = None
+    kv_blocks: int | None = None
+    max_num_seqs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size_tokens is not None and not 1 <= self.block_size_tokens <= 256:
+            raise ValueError("block_size_tokens must be in [1, 256]")
+        if self.kv_blocks is not None and not 1 <= self.kv_blocks <= 1_000_000:
+            raise ValueError("kv_blocks must be in [1, 1000000]")
+        if self.max_num_seqs is not None and not 1 <= self.max_num_seqs <= 4096:
+            raise ValueError("max_num_seqs must be in [1, 4096]")
+
+
+@dataclass(frozen=True)
+class RenderInputs:
+    """Everything a renderer needs besides the spec: where the weights and artifacts are."""
+
+    model_path: Path
+    served_name: str
+    port: int
+    host: str = "0.0.0.0"
+    artifacts_dir: Path | None = None
+    reference: ReferenceEngineSizing = field(default_factory=ReferenceEngineSizing)
+    # How to run kvfleet's CLI; the launcher passes its own interpreter so the reference engine
+    # runs in the same environment whether or not a `kvfleet` script is on PATH.
+    kvfleet_command: tuple[str, ...] = ("kvfleet",)
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """An engine process to start: argv, environment additions, and why fields were ignored."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    notes: tuple[str, ...] = ()
+
+
+def _flag_given(extra_args: list[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in extra_args)
+
+
+def _compile_cache_env(artifacts_dir: Path | None) -> dict[str, str]:
+    # torch.compile (Inductor) and Triton kernels are the bulk of a GPU engine's warm-up; both
+    # honour these variables in every engine built on PyTorch.
+    if artifacts_dir is None:
+        return {}
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(artifacts_dir / INDUCTOR_CACHE_SUBDIR),
+        "TRITON_CACHE_DIR": str(artifacts_dir / TRITON_CACHE_SUBDIR),
+    }
+
+
+def render_vllm(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCommand:
+    """``vllm serve`` with the spec's flags; the compile caches live under the artifacts dir."""
+    engine = spec.engine
+    argv = [
+        "vllm",
+        "serve",
+        str(inputs.model_path),
+        "--host",
+        inputs.host,
+        "--port",
+        str(inputs.port),
+        "--served-model-name",
+        inputs.served_name,
+        "--tensor-parallel-size",
+        str(engine.tensor_parallel_size),
+        "--dtype",
+        engine.dtype,
+        "--kv-cache-dtype",
+        engine.kv_cache_dtype,
+        "--gpu-memory-utilization",
+        f"{engine.gpu_memory_utilization:g}",
+        "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if engine.max_model_len is not None:
+        argv += ["--max-model-len", str(engine.max_model_len)]
+    if engine.quantization is not None:
+        argv += ["--quantization", engine.quantization]
+    env = _compile_cache_env(inputs.artifacts_dir)
+    if inputs.artifacts_dir is not None:
+        # VLLM_CACHE_ROOT holds vLLM's torch.compile cache (torch_compile_cache/) among others.
+        env["VLLM_CACHE_ROOT"] = str(inputs.artifacts_dir / VLLM_CACHE_SUBDIR)
+    return EngineCommand(argv=(*argv, *engine.extra_args), env=env)
+
+
+def render_sglang(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCommand:
+    """``python3 -m sglang.launch_server`` with SGLang's names for the same settings."""
+    engine = spec.engine
+    argv = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(inputs.model_path),
+        "--host",
+        inputs.host,
+        "--port",
+        str(inputs.port),
+        "--served-model-name",
+        inputs.served_name,
+        "--tp-size",
+        str(engine.tensor_parallel_size),
+        "--dtype",
+        engine.dtype,
+        "--kv-cache-dtype",
+        SGLANG_KV_DTYPES[engine.kv_cache_dtype],
+        "--mem-fraction-static",
+        f"{engine.gpu_memory_utilization:g}",
+        # The router and autoscaler read engine metrics; SGLang serves /metrics only when asked.
+        "--enable-metrics",
+    ]
+    notes = []
+    if engine.max_model_len is not None:
+        argv += ["--context-length", str(engine.max_model_len)]
+    if engine.quantization is not None:
+        argv += ["--quantization", engine.quantization]
+    if not engine.enable_prefix_caching:
+        # SGLang's prefix cache is the radix cache, on by default.
+        argv.append("--disable-radix-cache")
+    if engine.kv_cache_dtype == "fp8":
+        notes.append("engine.kvCacheDtype fp8 is passed to SGLang as fp8_e4m3 (its name for the same format)")
+    return EngineCommand(
+        argv=(*argv, *engine.extra_args), env=_compile_cache_env(inputs.artifacts_dir), notes=tuple(notes)
+    )
+
+
+def _reference_unsupported(engine: EngineSpec) -> None:
+    if engine.quantization is not None:
+        raise RenderError("spec.engine.quantization", "the reference engine serves unquantized weights only")
+    if engine.kv_cache_dtype != "auto":
+        raise RenderError("spec.engine.kvCacheDtype", "the reference engine keeps its KV cache in the model dtype")
+    if engine.tensor_parallel_size != 1:
+        raise RenderError("spec.engine.tensorParallelSize", "the reference engine runs on one device")
+
+
+def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCommand:
+    """``kvfleet engine serve``: CPU unless the spec asks for GPUs, then CUDA."""
+    engine = spec.engine
+    _reference_unsupported(engine)
+    sizing = inputs.reference
+    argv = [
+        *inputs.kvfleet_command,
+        "engine",
+        "serve",
+        "--model",
+        str(inputs.model_path),
+        "--host",
+        inputs.host,
+        "--port",
+        str(inputs.port),
+        "--served-model-name",
+        inputs.served_name,
+        "--device",
+        "cuda" if spec.resources.gpus >= 1 else "cpu",
+        "--dtype",
+        engine.dtype,
+    ]
+    block_size = sizing.block_size_tokens
+    if block_size is not None and not _flag_given(engine.extra_args, "--block-size"):
+        argv += ["--block-size", str(block_size)]
+    if sizing.max_num_seqs is not None and not _flag_given(engine.extra_args, "--max-num-seqs"):
+        argv += ["--max-num-seqs", str(sizing.max_num_seqs)]
+    if sizing.kv_blocks is not None and not _flag_given(engine.extra_args, "--kv-blocks"):
+        kv_blocks = sizing.kv_blocks
+        if engine.max_model_len is not None:
+            # One sequence of the full context must fit, or the engine could never serve it.
+            per_block = block_size or REFERENCE_DEFAULT_BLOCK_SIZE
+            kv_blocks = max(kv_blocks, math.ceil(engine.max_model_len / per_block))
+        argv += ["--kv-blocks", str(kv_blocks)]
+    if engine.max_model_len is not None:
+        argv += ["--max-model-len", str(engine.max_model_len)]
+    if not engine.enable_prefix_caching:
+        argv.append("--no-enable-prefix-caching")
+    if inputs.artifacts_dir is not None:
+        argv += ["--artifacts-dir", str(inputs.artifacts_dir / REFERENCE_ARTIFACTS_SUBDIR)]
+    notes = []
+    if spec.resources.gpus >= 1 and engine.gpu_memory_utilization != 0.9:
+        notes.append("engine.gpuMemoryUtilization is ignored: the reference engine sizes its KV cache by --kv-blocks")
+    return EngineCommand(
+        argv=(*argv, *engine.extra_args), env=_compile_cache_env(inputs.artifacts_dir), notes=tuple(notes)
+    )
+
+
+def artifacts_ready_marker(kind: str) -> str | None:
+    """A path under the artifacts directory that exists once the engine finished writing them, or
+    None when they are complete as soon as the engine is ready (vLLM and SGLang compile at start)."""
+    if kind == "reference":
+        return f"{REFERENCE_ARTIFACTS_SUBDIR}/{REFERENCE_ARTIFACTS_MARKER}"
+    return None
+
+
+def render_engine_command(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCommand:
+    """The command for ``spec.engine.kind``."""
+    kind = spec.engine.kind
+    if kind == "vllm":
+        return render_vllm(spec, inputs)
+    if kind == "sglang":
+        return render_sglang(spec, inputs)
+    return render_reference(spec, inputs)

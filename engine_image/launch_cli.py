@@ -1,0 +1,68 @@
+"""``kvfleet engine launch``: the entrypoint of the engine images.
+
+Kept light at import time (click only): the ``engine`` command group imports it on every
+``kvfleet engine ...`` call.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command("launch")
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default="/etc/kvfleet/spec.json",
+    show_default=True,
+    help="spec.json written by the operator (docs/contracts.md).",
+)
+@click.option(
+    "--node-cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Node cache volume [default: $KVFLEET_NODE_CACHE or /var/cache/kvfleet].",
+)
+@click.option("--engine-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=9400, show_default=True)
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address of the launcher's endpoint.")
+@click.option(
+    "--ready-timeout-s",
+    type=click.FloatRange(1, 7200),
+    default=1800.0,
+    show_default=True,
+    help="Longest wait for the engine's /health to answer 200.",
+)
+def launch(
+    spec_path: Path,
+    node_cache_dir: Path | None,
+    engine_port: int,
+    metrics_port: int,
+    metrics_host: str,
+    ready_timeout_s: float,
+) -> None:
+    """Pull weights and artifacts, start the engine, measure the cold start, supervise the engine.
+
+    Exits with the engine's exit code once it stops; with 2 for an invalid spec and 3 when a phase
+    fails, after one line naming the phase and the reason.
+    """
+    from .cli_main import main
+
+    sys.exit(
+        main(
+            spec_path=spec_path,
+            node_cache_dir=node_cache_dir,
+            engine_port=engine_port,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            ready_timeout_s=ready_timeout_s,
+        )
+    )
+
+
+if __name__ == "__main__":
+    launch()

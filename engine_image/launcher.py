@@ -1,0 +1,321 @@
+"""The launcher: weights and artifacts in, engine started, cold start measured, engine supervised.
+
+``Launcher.run`` walks the phases in order (pull, artifacts, engine_start, first_ready), records
+each one, then supervises the engine until it exits and returns the exit code the process should
+end with. Everything it talks to is injected (:class:`LaunchDeps`), so tests run it against
+moto's S3 server and a real reference engine without patching anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+import aiohttp
+from aiohttp import web
+
+from kvfleet.spec import InferenceDeploymentSpec
+from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint
+
+from .artifacts import artifact_fingerprint, is_complete, mark_complete, probe_accelerator
+from .engine_args import EngineCommand, RenderError, RenderInputs, artifacts_ready_marker, render_engine_command
+from .errors import EngineExitedError, LaunchError, SpecError
+from .launch_spec import LaunchSpec
+from .metrics_server import ColdStartMetrics, make_app, start_metrics_server
+from .phases import Clock, PhaseRecord, PhaseRecorder
+from .readiness import serve_first_token, wait_healthy
+from .settings import LauncherSettings
+from .sources import ArtifactStore, PulledWeights, WeightPuller
+from .supervisor import EngineProcess, engine_environment
+
+log = logging.getLogger("kvfleet.engine_image.launcher")
+T = TypeVar("T")
+
+ARTIFACT_POLL_S = 0.2
+# The model path the early dry-run render uses: only its validity checks matter there.
+_DRY_RUN_MODEL = Path("/model")
+
+
+@dataclass(frozen=True)
+class LaunchDeps:
+    """The launcher's collaborators: the weight cache, the artifact store, the machine probe, a clock."""
+
+    weights: WeightPuller
+    artifacts: ArtifactStore | None = None
+    accelerator: Callable[[bool], Accelerator] = probe_accelerator
+    clock: Clock = time.monotonic
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    # Where the engine's stderr is copied to (the launcher's own stderr by default).
+    engine_stderr: BinaryIO | None = None
+    render: Callable[[InferenceDeploymentSpec, RenderInputs], EngineCommand] = render_engine_command
+
+
+@dataclass
+class _ArtifactsState:
+    fingerprint: Fingerprint | None = None
+    directory: Path | None = None
+    hit: bool = False
+    pushed: bool = False
+
+
+def _log_event(event: str, **fields: Any) -> None:
+    log.info(json.dumps({"event": event, **fields}, default=str))
+
+
+class Launcher:
+    """One launch of one engine. Not reusable: create a new one per launch."""
+
+    def __init__(self, launch: LaunchSpec, settings: LauncherSettings, deps: LaunchDeps) -> None:
+        self.launch = launch
+        self.settings = settings
+        self.deps = deps
+        self.metrics = ColdStartMetrics()
+        self.recorder = PhaseRecorder(deps.clock, on_record=self._on_record)
+        self._engine: EngineProcess | None = None
+        self._weights: PulledWeights | None = None
+        self._artifacts = _ArtifactsState()
+        self._stop_signal: int | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._push_task: asyncio.Task[None] | None = None
+        # Blocking work (pull, fetch, push) runs here rather than in asyncio's default executor,
+        # which asyncio.run joins on exit: a stop during a long pull must not wait for it.
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvfleet-launcher")
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def _on_record(self, record: PhaseRecord) -> None:
+        log.info(record.log_line())
+        self.metrics.record(record)
+
+    def report(self) -> dict[str, Any]:
+        """The ``/coldstart`` document."""
+        doc = self.recorder.report()
+        doc.update(
+            {
+                "name": self.launch.name,
+                "namespace": self.launch.namespace,
+                "servedName": self.launch.served_name,
+                "pod": self.deps.environ.get("KVFLEET_POD_NAME"),
+                "modelDigest": self._weights.digest if self._weights else None,
+                "artifactsFingerprint": self._artifacts.fingerprint.key if self._artifacts.fingerprint else None,
+                "artifactsPushed": self._artifacts.pushed,
+            }
+        )
+        return doc
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def handle_signal(self, signum: int) -> None:
+        """SIGTERM/SIGINT: forward to a running engine; before it starts, abandon the launch."""
+        self._stop_signal = signum
+        if self._engine is not None:
+            _log_event("signal_forwarded", signal=signal.Signals(signum).name, pid=self._engine.pid)
+            self._engine.send_signal(signum)
+        elif self._task is not None:
+            self._task.cancel()
+
+    @property
+    def interrupted_before_engine(self) -> bool:
+        return self._stop_signal is not None and self._engine is None
+
+    # -- phases -----------------------------------------------------------------------------
+
+    def _render(self, model_path: Path, artifacts_dir: Path | None) -> EngineCommand:
+        inputs = RenderInputs(
+            model_path=model_path,
+            served_name=self.launch.served_name,
+            port=self.settings.engine_port,
+            host=self.settings.engine_host,
+            artifacts_dir=artifacts_dir,
+            reference=self.settings.reference,
+            kvfleet_command=(sys.executable, "-m", "kvfleet.cli"),
+        )
+        try:
+            return self.deps.render(self.launch.spec, inputs)
+        except RenderError as e:
+            raise SpecError(str(e)) from e
+
+    async def _pull(self) -> PulledWeights:
+        with self.recorder.phase("pull") as detail:
+            weights = await self._in_thread(self.deps.weights.pull, self.launch)
+            self._weights = weights
+            detail.update(source=weights.source, digest=weights.digest, bytesFetched=weights.bytes_fetched)
+        self.metrics.set_cache_hit("node", weights.node_cache_hit)
+        return weights
+
+    async def _restore_artifacts(self, weights: PulledWeights) -> Path | None:
+        with self.recorder.phase("artifacts") as detail:
+            store = self.deps.artifacts
+            if not self.launch.spec.cache.artifacts.enabled or store is None:
+                detail.update(enabled=False)
+                return None
+            spec = self.launch.spec
+            accelerator = await self._in_thread(self.deps.accelerator, spec.resources.gpus >= 1)
+            # Compile-relevant flags come from the command the engine will run (paths do not matter).
+            fp = artifact_fingerprint(spec, weights.digest, accelerator, self._render(_DRY_RUN_MODEL, None).argv)
+            directory = self.settings.artifacts_dir / fp.key
+            state = self._artifacts
+            state.fingerprint, state.directory = fp, directory
+            if is_complete(directory):
+                state.hit, source = True, "node-cache"
+            else:
+                # A directory left by an earlier launch that never completed is not trusted.
+                await self._in_thread(shutil.rmtree, directory, True)
+                state.hit = await self._fetch_artifacts(store, fp, directory)
+                source = "bucket" if state.hit else "miss"
+                if state.hit:
+                    mark_complete(directory)
+            directory.mkdir(parents=True, exist_ok=True)
+            detail.update(enabled=True, fingerprint=fp.key, hit=state.hit, source=source)
+        self.metrics.set_cache_hit("artifacts", state.hit)
+        return directory
+
+    async def _fetch_artifacts(self, store: ArtifactStore, fp: Fingerprint, directory: Path) -> bool:
+        # Artifacts only make a start faster: a bucket that fails here costs a rebuild, not the launch.
+        try:
+            return await self._in_thread(store.fetch, fp, directory)
+        except LaunchError as e:
+            _log_event("artifacts_unavailable", fingerprint=fp.key, reason=e.reason)
+            await self._in_thread(shutil.rmtree, directory, True)
+            return False
+
+    async def _start_engine(self, command: EngineCommand) -> EngineProcess:
+        for note in command.notes:
+            _log_event("engine_note", note=note)
+        _log_event("engine_command", argv=list(command.argv))
+        env = engine_environment(self.deps.environ, command.env)
+        try:
+            return await EngineProcess.start(command.argv, env, stderr_sink=self.deps.engine_stderr)
+        except OSError as e:
+            raise LaunchError("engine_start", f"cannot start {command.argv[0]}: {e.strerror or e}") from e
+
+    async def _push_artifacts(self) -> None:
+        state, store = self._artifacts, self.deps.artifacts
+        assert state.fingerprint is not None and state.directory is not None and store is not None
+        start = self.deps.clock()
+        marker = artifacts_ready_marker(self.launch.spec.engine.kind)
+        try:
+            async with asyncio.timeout(self.settings.artifact_push_timeout_s):
+                if marker is not None:
+                    await self._wait_for_file(state.directory / marker)
+                await self._in_thread(store.push, state.fingerprint, state.directory)
+        except (TimeoutError, LaunchError) as e:
+            limit_s = self.settings.artifact_push_timeout_s
+            reason = e.reason if isinstance(e, LaunchError) else f"timed out after {limit_s:g} s"
+            _log_event("artifacts_push_failed", fingerprint=state.fingerprint.key, reason=reason)
+            return
+        mark_complete(state.directory)
+        state.pushed = True
+        self.metrics.artifacts_pushed.set(1)
+        _log_event("artifacts_pushed", fingerprint=state.fingerprint.key, seconds=round(self.deps.clock() - start, 4))
+
+    async def _wait_for_file(self, path: Path) -> None:
+        # The engine finishes writing its artifacts after it is ready; poll (bounded by the caller).
+        while not await self._in_thread(path.exists):
+            if self._engine is not None and self._engine.returncode is not None:
+                raise LaunchError("serve", f"engine exited before it wrote {path.name}")
+            await asyncio.sleep(ARTIFACT_POLL_S)
+
+    async def _run_phases(self, session: aiohttp.ClientSession) -> int:
+        weights = await self._pull()
+        artifacts_dir = await self._restore_artifacts(weights)
+        command = self._render(weights.path, artifacts_dir)
+        with self.recorder.phase("engine_start") as detail:
+            self._engine = engine = await self._start_engine(command)
+            detail.update(pid=engine.pid)
+            await wait_healthy(engine, self.settings.engine_url, self.settings.readiness, session)
+        with self.recorder.phase("first_ready"):
+            await serve_first_token(
+                engine, self.settings.engine_url, self.launch.served_name, self.settings.readiness, session
+            )
+        total = self.recorder.total_seconds()
+        self.metrics.set_total(total)
+        _log_event("coldstart", totalSeconds=round(total, 4), servedName=self.launch.served_name)
+        if self._artifacts.directory is not None and not self._artifacts.hit:
+            # After first_ready, so building and uploading the tar never delays readiness.
+            self._push_task = asyncio.create_task(self._push_artifacts(), name="artifacts-push")
+        code = await engine.wait()
+        _log_event("engine_exited", code=code, signal=self._stop_signal)
+        return code
+
+    async def _run(self) -> int:
+        # Fail on a spec the engine cannot honour before spending minutes on a pull.
+        self._render(_DRY_RUN_MODEL, None)
+        try:
+            runner = await start_metrics_server(
+                make_app(self.metrics, self.report), self.settings.metrics_host, self.settings.metrics_port
+            )
+        except OSError as e:
+            where = f"{self.settings.metrics_host}:{self.settings.metrics_port}"
+            raise LaunchError("metrics", f"cannot listen on {where}: {e.strerror or e}") from e
+        try:
+            async with aiohttp.ClientSession() as session:
+                try:
+                    return await self._run_phases(session)
+                except EngineExitedError as e:
+                    if self._stop_signal is not None:
+                        # We forwarded a stop while the engine was starting: its exit is the answer.
+                        return e.returncode
+                    raise
+        finally:
+            await self._cleanup(runner)
+
+    async def _cleanup(self, runner: web.AppRunner) -> None:
+        if self._push_task is not None:
+            # A push that started is let finish (bounded by its own timeout): the artifacts are good.
+            await asyncio.wait({self._push_task})
+        if self._engine is not None:
+            if self._engine.returncode is None:
+                await self._engine.stop(self.settings.stop)
+            await self._engine.aclose()
+        if self._weights is not None and self._weights.release is not None:
+            self._weights.release()
+        await runner.cleanup()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self) -> int:
+        """Run the launch to the engine's exit; returns the process exit code.
+
+        Raises :class:`LaunchError` when a phase fails. A stop signal before the engine started
+        ends the launch with ``128 + signal``.
+        """
+        self._task = asyncio.current_task()
+        try:
+            return await self._run()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._stop_signal is None or task is None:
+                raise
+            # The cancellation was ours (a stop signal before the engine existed), not the caller's.
+            task.uncancel()
+            _log_event("launch_abandoned", signal=signal.Signals(self._stop_signal).name)
+            return 128 + self._stop_signal
+
+
+async def run_with_signals(launcher: Launcher) -> int:
+    """Run ``launcher`` with SIGTERM and SIGINT handed to it (the container's PID 1 behaviour)."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, launcher.handle_signal, signum)
+    try:
+        return await launcher.run()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(signum)

@@ -1,0 +1,73 @@
+"""The launcher's settings: one frozen object, read from flags and the pod's environment.
+
+Paths and ports default to what the operator renders into the pod (docs/contracts.md): the spec
+at /etc/kvfleet/spec.json, the node cache volume at ``$KVFLEET_NODE_CACHE`` (/var/cache/kvfleet),
+the engine on 8000 and the launcher's endpoint on 9400.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .engine_args import ReferenceEngineSizing
+from .readiness import ReadinessSettings
+from .supervisor import StopSettings
+
+DEFAULT_SPEC_PATH = Path("/etc/kvfleet/spec.json")
+DEFAULT_NODE_CACHE = Path("/var/cache/kvfleet")
+# Where the operator mounts a pvc:// model's claim: <root>/<claim>/<path inside the claim>.
+PVC_MOUNT_ROOT = Path("/mnt/kvfleet/pvc")
+
+
+def _port(value: int, name: str) -> int:
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{name} must be a TCP port (1-65535), got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class LauncherSettings:
+    """Everything the launcher needs besides the spec."""
+
+    spec_path: Path = DEFAULT_SPEC_PATH
+    # The node cache volume: weights under models/<digest>/, artifacts unpacked under artifacts/.
+    node_cache_dir: Path = DEFAULT_NODE_CACHE
+    pvc_mount_root: Path = PVC_MOUNT_ROOT
+    engine_host: str = "0.0.0.0"
+    engine_port: int = 8000
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 9400
+    # Pushing artifacts after a miss runs in the background; it gets this long before it is dropped.
+    artifact_push_timeout_s: float = 600.0
+    readiness: ReadinessSettings = field(default_factory=ReadinessSettings)
+    stop: StopSettings = field(default_factory=StopSettings)
+    reference: ReferenceEngineSizing = field(default_factory=ReferenceEngineSizing)
+
+    def __post_init__(self) -> None:
+        _port(self.engine_port, "engine_port")
+        _port(self.metrics_port, "metrics_port")
+        if self.engine_port == self.metrics_port:
+            raise ValueError("engine_port and metrics_port must differ")
+        if not 0 < self.artifact_push_timeout_s <= 7200:
+            raise ValueError("artifact_push_timeout_s must be in (0, 7200]")
+
+    @property
+    def engine_url(self) -> str:
+        """Where the launcher itself reaches the engine (always loopback, whatever it binds)."""
+        return f"http://127.0.0.1:{self.engine_port}"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.node_cache_dir / "artifacts"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> LauncherSettings:
+        """Defaults, then ``KVFLEET_NODE_CACHE`` from the pod, then explicit flags."""
+        values: dict[str, object] = {}
+        if environ.get("KVFLEET_NODE_CACHE"):
+            values["node_cache_dir"] = Path(environ["KVFLEET_NODE_CACHE"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,100 @@
+"""What the launcher needs from the weight cache, as small interfaces it can be handed.
+
+The launcher depends on these protocols, not on boto3: the real implementations wrap
+``kvfleet.weight_cache`` (see ``cache_adapter``), and local paths (file://, pvc://) need no
+cache at all. Implementations translate their own errors into :class:`LaunchError` with the phase.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from kvfleet.weight_cache.fingerprint import Fingerprint
+
+from .errors import LaunchError
+from .launch_spec import LaunchSpec
+
+# A local model directory is hashed by file names, sizes and modification times (stat only):
+# reading every byte of a multi-GB claim on each start would cost more than the cache saves.
+MAX_LOCAL_FILES = 10_000
+
+
+@dataclass(frozen=True)
+class PulledWeights:
+    """Weights ready on local disk for the engine."""
+
+    path: Path
+    digest: str
+    # "node-cache" (already on the node), "s3" (pulled now) or "local" (file:// or pvc://).
+    source: str
+    bytes_fetched: int = 0
+    # Releases the node-cache lease that keeps these weights from being evicted while served.
+    release: Callable[[], None] | None = None
+
+    @property
+    def node_cache_hit(self) -> bool:
+        return self.source in ("node-cache", "local")
+
+
+class WeightPuller(Protocol):
+    """Brings a deployment's weights onto this node (blocking; the launcher runs it in a thread)."""
+
+    def pull(self, launch: LaunchSpec) -> PulledWeights: ...
+
+
+class ArtifactStore(Protocol):
+    """Fingerprinted engine artifacts (compile caches) in the weight cache bucket."""
+
+    def fetch(self, fp: Fingerprint, dest: Path) -> bool:
+        """Unpack the artifacts for ``fp`` into ``dest`` (absent or empty); False when there are none."""
+        ...
+
+    def push(self, fp: Fingerprint, src: Path) -> None:
+        """Upload ``src`` as the artifacts for ``fp``."""
+        ...
+
+
+def local_model_path(uri: str, pvc_mount_root: Path) -> Path | None:
+    """The directory of a file:// or pvc:// model, or None for remote models (s3://, hf://)."""
+    if uri.startswith("file://"):
+        return Path(uri[len("file://") :])
+    if uri.startswith("pvc://"):
+        claim_and_path = uri[len("pvc://") :]
+        return pvc_mount_root / claim_and_path
+    return None
+
+
+def stat_digest(directory: Path) -> str:
+    """A digest of a local model directory from its files' names, sizes and mtimes."""
+    h = hashlib.sha256()
+    count = 0
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(root) / name
+            st = path.stat()
+            h.update(f"{path.relative_to(directory)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            count += 1
+            if count > MAX_LOCAL_FILES:
+                raise LaunchError("pull", f"{directory} holds more than {MAX_LOCAL_FILES} files; is it a model?")
+    return h.hexdigest()
+
+
+class LocalWeights:
+    """file:// and pvc:// models: already on a mounted filesystem, nothing to pull."""
+
+    def __init__(self, pvc_mount_root: Path) -> None:
+        self._pvc_mount_root = pvc_mount_root
+
+    def pull(self, launch: LaunchSpec) -> PulledWeights:
+        path = local_model_path(launch.spec.model.uri, self._pvc_mount_root)
+        if path is None:
+            raise LaunchError("pull", f"{launch.spec.model.uri} is not a local model (file:// or pvc://)")
+        if not (path / "config.json").is_file():
+            raise LaunchError("pull", f"no model at {path} (config.json is missing)")
+        return PulledWeights(path=path, digest=stat_digest(path), source="local")

@@ -1,0 +1,205 @@
+"""Argument rendering is a pure function of the spec: table tests, one row per field and engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvfleet.engine_image.engine_args import (
+    ReferenceEngineSizing,
+    RenderError,
+    RenderInputs,
+    render_engine_command,
+)
+from kvfleet.spec import InferenceDeploymentSpec
+
+MODEL = Path("/var/cache/kvfleet/models/abc")
+ART = Path("/var/cache/kvfleet/artifacts/f00")
+
+
+def make_spec(kind: str, **engine: Any) -> InferenceDeploymentSpec:
+    gpus = engine.pop("gpus", 0 if kind == "reference" else engine.get("tensorParallelSize", 1))
+    return InferenceDeploymentSpec.model_validate(
+        {"model": {"uri": "s3://bucket-a/m"}, "engine": {"kind": kind, **engine}, "resources": {"gpus": gpus}}
+    )
+
+
+def inputs(artifacts: Path | None = None, **kw: Any) -> RenderInputs:
+    return RenderInputs(model_path=MODEL, served_name="llama", port=8000, artifacts_dir=artifacts, **kw)
+
+
+def flag_value(argv: tuple[str, ...], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+# (engine kind, engine fields, flag, expected value; None means the flag must be absent)
+VALUE_CASES = [
+    ("vllm", {}, "--port", "8000"),
+    ("vllm", {}, "--host", "0.0.0.0"),
+    ("vllm", {}, "--served-model-name", "llama"),
+    ("vllm", {"tensorParallelSize": 4}, "--tensor-parallel-size", "4"),
+    ("vllm", {"maxModelLen": 8192}, "--max-model-len", "8192"),
+    ("vllm", {}, "--max-model-len", None),
+    ("vllm", {"dtype": "bfloat16"}, "--dtype", "bfloat16"),
+    ("vllm", {"kvCacheDtype": "fp8"}, "--kv-cache-dtype", "fp8"),
+    ("vllm", {"quantization": "awq"}, "--quantization", "awq"),
+    ("vllm", {}, "--quantization", None),
+    ("vllm", {"gpuMemoryUtilization": 0.85}, "--gpu-memory-utilization", "0.85"),
+    ("sglang", {}, "--model-path", str(MODEL)),
+    ("sglang", {"tensorParallelSize": 2}, "--tp-size", "2"),
+    ("sglang", {"maxModelLen": 4096}, "--context-length", "4096"),
+    ("sglang", {"kvCacheDtype": "fp8"}, "--kv-cache-dtype", "fp8_e4m3"),
+    ("sglang", {"kvCacheDtype": "fp8_e5m2"}, "--kv-cache-dtype", "fp8_e5m2"),
+    ("sglang", {"gpuMemoryUtilization": 0.8}, "--mem-fraction-static", "0.8"),
+    ("sglang", {"quantization": "fp8"}, "--quantization", "fp8"),
+    ("sglang", {}, "--served-model-name", "llama"),
+    ("reference", {}, "--model", str(MODEL)),
+    ("reference", {}, "--device", "cpu"),
+    ("reference", {"gpus": 1}, "--device", "cuda"),
+    ("reference", {"dtype": "float32"}, "--dtype", "float32"),
+    # Sizes the spec does not carry are left to the engine unless the launcher's settings give them.
+    ("reference", {}, "--block-size", None),
+    ("reference", {}, "--kv-blocks", None),
+    ("reference", {}, "--max-num-seqs", None),
+    ("reference", {"maxModelLen": 2048}, "--max-model-len", "2048"),
+    ("reference", {}, "--served-model-name", "llama"),
+]
+
+
+@pytest.mark.parametrize(("kind", "engine", "flag", "expected"), VALUE_CASES)
+def test_flag_values(kind: str, engine: dict[str, Any], flag: str, expected: str | None) -> None:
+    command = render_engine_command(make_spec(kind, **engine), inputs())
+    assert flag_value(command.argv, flag) == expected
+
+
+# (engine kind, prefix caching on?, flag that must be present, flag that must be absent)
+PREFIX_CASES = [
+    ("vllm", True, "--enable-prefix-caching", "--no-enable-prefix-caching"),
+    ("vllm", False, "--no-enable-prefix-caching", "--enable-prefix-caching"),
+    ("sglang", False, "--disable-radix-cache", None),
+    ("reference", False, "--no-enable-prefix-caching", None),
+]
+
+
+@pytest.mark.parametrize(("kind", "enabled", "present", "absent"), PREFIX_CASES)
+def test_prefix_caching(kind: str, enabled: bool, present: str, absent: str | None) -> None:
+    argv = render_engine_command(make_spec(kind, enablePrefixCaching=enabled), inputs()).argv
+    assert present in argv
+    if absent:
+        assert absent not in argv
+
+
+@pytest.mark.parametrize("kind", ["sglang", "reference"])
+def test_prefix_caching_on_is_the_engine_default(kind: str) -> None:
+    argv = render_engine_command(make_spec(kind), inputs()).argv
+    assert "--disable-radix-cache" not in argv
+    assert "--no-enable-prefix-caching" not in argv
+
+
+@pytest.mark.parametrize(
+    ("kind", "program"),
+    [
+        ("vllm", ("vllm", "serve", str(MODEL))),
+        ("sglang", ("python3", "-m", "sglang.launch_server")),
+        ("reference", ("kvfleet", "engine", "serve")),
+    ],
+)
+def test_program(kind: str, program: tuple[str, ...]) -> None:
+    argv = render_engine_command(make_spec(kind), inputs()).argv
+    assert argv[: len(program)] == program
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "reference"])
+def test_extra_args_come_last(kind: str) -> None:
+    extra = ["--seed", "7", "--enforce-eager"]
+    argv = render_engine_command(make_spec(kind, extraArgs=extra), inputs()).argv
+    assert list(argv[-3:]) == extra
+
+
+def test_reference_sizing_flags_left_to_extra_args() -> None:
+    sizing = ReferenceEngineSizing(block_size_tokens=16, kv_blocks=1024, max_num_seqs=16)
+    spec = make_spec("reference", extraArgs=["--kv-blocks=64", "--block-size", "8"])
+    argv = render_engine_command(spec, inputs(reference=sizing)).argv
+    assert argv.count("--block-size") == 1 and "--kv-blocks" not in argv
+    assert argv[-2:] == ("--block-size", "8")
+    assert flag_value(argv, "--max-num-seqs") == "16"
+
+
+@pytest.mark.parametrize(
+    ("sizing", "max_model_len", "kv_blocks"),
+    [
+        # 32768 tokens / 16 per block (the engine's default block) = 2048 blocks: one full sequence fits.
+        (ReferenceEngineSizing(kv_blocks=1024), 32768, "2048"),
+        (ReferenceEngineSizing(kv_blocks=1024), 2048, "1024"),
+        (ReferenceEngineSizing(kv_blocks=10, block_size_tokens=4), 100, "25"),
+        (ReferenceEngineSizing(), 32768, None),
+    ],
+)
+def test_reference_kv_blocks_fit_one_full_context(
+    sizing: ReferenceEngineSizing, max_model_len: int, kv_blocks: str | None
+) -> None:
+    argv = render_engine_command(make_spec("reference", maxModelLen=max_model_len), inputs(reference=sizing)).argv
+    assert flag_value(argv, "--kv-blocks") == kv_blocks
+
+
+# (engine kind, environment variable, expected value, with an artifacts dir?)
+ENV_CASES = [
+    ("vllm", "VLLM_CACHE_ROOT", f"{ART}/vllm", True),
+    ("vllm", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
+    ("vllm", "TRITON_CACHE_DIR", f"{ART}/triton", True),
+    ("sglang", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
+    ("sglang", "TRITON_CACHE_DIR", f"{ART}/triton", True),
+    ("reference", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
+    ("vllm", "VLLM_CACHE_ROOT", None, False),
+    ("reference", "TORCHINDUCTOR_CACHE_DIR", None, False),
+]
+
+
+@pytest.mark.parametrize(("kind", "name", "expected", "with_artifacts"), ENV_CASES)
+def test_artifact_environment(kind: str, name: str, expected: str | None, with_artifacts: bool) -> None:
+    command = render_engine_command(make_spec(kind), inputs(ART if with_artifacts else None))
+    assert command.env.get(name) == expected
+
+
+def test_reference_artifacts_flag() -> None:
+    argv = render_engine_command(make_spec("reference"), inputs(ART)).argv
+    assert flag_value(argv, "--artifacts-dir") == f"{ART}/reference"
+    assert "--artifacts-dir" not in render_engine_command(make_spec("reference"), inputs()).argv
+
+
+# What the reference engine cannot do is an error naming the spec field, never a silent change.
+@pytest.mark.parametrize(
+    ("engine", "field"),
+    [
+        ({"quantization": "awq", "gpus": 1}, "spec.engine.quantization"),
+        ({"kvCacheDtype": "fp8"}, "spec.engine.kvCacheDtype"),
+        ({"tensorParallelSize": 2, "gpus": 2}, "spec.engine.tensorParallelSize"),
+    ],
+)
+def test_reference_refuses_what_it_cannot_do(engine: dict[str, Any], field: str) -> None:
+    with pytest.raises(RenderError) as err:
+        render_engine_command(make_spec("reference", **engine), inputs())
+    assert err.value.field == field
+    assert str(err.value).startswith(field + ":")
+
+
+def test_notes_say_why_a_field_had_no_effect() -> None:
+    command = render_engine_command(make_spec("sglang", kvCacheDtype="fp8"), inputs())
+    assert any("fp8_e4m3" in note for note in command.notes)
+    command = render_engine_command(make_spec("reference", gpus=1, gpuMemoryUtilization=0.5), inputs())
+    assert any("gpuMemoryUtilization" in note for note in command.notes)
+    assert render_engine_command(make_spec("vllm"), inputs()).notes == ()
+
+
+@pytest.mark.parametrize("bad", [{"block_size_tokens": 0}, {"kv_blocks": 0}, {"max_num_seqs": 10_000}])
+def test_reference_sizing_bounds(bad: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        ReferenceEngineSizing(**bad)
+
+
+def test_reference_runs_through_the_given_interpreter() -> None:
+    command = ("/opt/venv/bin/python", "-m", "kvfleet.cli")
+    argv = render_engine_command(make_spec("reference"), inputs(kvfleet_command=command)).argv
+    assert argv[:5] == (*command, "engine", "serve")
