@@ -87,7 +87,9 @@ def test_namespaced_mode_grants_nothing_cluster_wide(render_ci: Render) -> None:
     docs = render_ci(CHART / "ci" / "namespaced-values.yaml")
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Role"}
-    assert roles == {("team-a", f"kvf-kvfleet-{c}") for c in ("operator", "router", "autoscaler")}
+    watched = {("team-a", f"kvf-kvfleet-{c}") for c in ("operator", "router", "autoscaler")}
+    # The autoscaler's Lease lives in its own namespace.
+    assert roles == watched | {("kvfleet-system", "kvf-kvfleet-autoscaler-self")}
     for binding in (d for d in docs if d["kind"] == "RoleBinding"):
         (subject,) = binding["subjects"]
         assert subject["namespace"] == "kvfleet-system"  # the ServiceAccounts live in the release namespace
@@ -101,11 +103,15 @@ def test_namespaced_mode_grants_nothing_cluster_wide(render_ci: Render) -> None:
     assert "KvfleetTTFTSLOBurnSlow" not in alerts and "KvfleetTTFTSLOBurnFast" in alerts
 
 
-def test_several_namespaces_get_a_role_each_without_the_router() -> None:
-    values = {"scope": {"mode": "namespace", "namespaces": ["team-a", "team-b"]}, "router": {"enabled": False}}
+def test_several_namespaces_get_a_role_each_with_the_operator_alone() -> None:
+    values = {
+        "scope": {"mode": "namespace", "namespaces": ["team-a", "team-b"]},
+        "router": {"enabled": False},
+        "autoscaler": {"enabled": False},
+    }
     docs = objects(render(values))
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Role"}
-    assert roles == {(ns, f"kvf-kvfleet-{c}") for ns in ("team-a", "team-b") for c in ("operator", "autoscaler")}
+    assert roles == {(ns, "kvf-kvfleet-operator") for ns in ("team-a", "team-b")}
     operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
     args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args

@@ -40,7 +40,8 @@ def test_harness_evaluates_range_queries_and_draws_panels(tmp_path: Path, free_p
     with run_prometheus(tmp_path / "prom", port, scrape) as prometheus:
         start = time.time()
         assert prometheus.wait_for('up{job="prometheus"} == 1', timeout_s=60)
-        assert prometheus.wait_for("count(prometheus_tsdb_head_series) > 0", timeout_s=30)
+        # Several samples, so that the range query's steps (aligned on its start) land after one.
+        assert prometheus.wait_for("count_over_time(prometheus_tsdb_head_series[1m]) >= 3", timeout_s=30)
         query = Query("Head series", "{{job}}", "sum by (job) (prometheus_tsdb_head_series)")
         out = tmp_path / "panel.png"
         assert plot_panel(prometheus, "Head series", [query], start - 5, time.time(), out) == 1

@@ -118,6 +118,9 @@ Rendered once from templates/validate.yaml.
 {{- if and .Values.router.enabled (eq .Values.scope.mode "namespace") (gt (len .Values.scope.namespaces) 1) -}}
 {{- $errors = append $errors (printf "scope.namespaces lists %d namespaces, but the router watches one namespace or all (kvfleet router serve --namespace); use one namespace, or cluster mode" (len .Values.scope.namespaces)) -}}
 {{- end -}}
+{{- if and .Values.autoscaler.enabled (eq .Values.scope.mode "namespace") (gt (len .Values.scope.namespaces) 1) -}}
+{{- $errors = append $errors (printf "scope.namespaces lists %d namespaces, but the autoscaler watches one namespace or all (kvfleet autoscaler run --namespace); use one namespace, or cluster mode" (len .Values.scope.namespaces)) -}}
+{{- end -}}
 {{- if not (or .Values.operator.enabled .Values.router.enabled .Values.autoscaler.enabled) -}}
 {{- $errors = append $errors "operator, router and autoscaler are all disabled: enable at least one" -}}
 {{- end -}}
