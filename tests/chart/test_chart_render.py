@@ -74,8 +74,11 @@ def test_ha_spreads_routers_and_keeps_two_through_drains(render_ci: Render) -> N
     assert pdb["spec"]["selector"]["matchLabels"] == router["spec"]["selector"]["matchLabels"]
     image = router["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image.endswith("@sha256:" + "0" * 64)
-    for singleton in (d for d in docs if d["kind"] == "Deployment" and d is not router):
-        assert singleton["spec"]["replicas"] == 1 and singleton["spec"]["strategy"] == {"type": "Recreate"}
+    operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
+    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "Recreate"}
+    # Two autoscalers: the Lease lets one act, so a rolling update never has two acting at once.
+    autoscaler = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-autoscaler"))
+    assert autoscaler["spec"]["replicas"] == 2 and autoscaler["spec"]["strategy"]["type"] == "RollingUpdate"
     monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
     assert len(monitors) == 4 and all(m["metadata"]["labels"]["release"] == "kube-prometheus-stack" for m in monitors)
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]

@@ -76,7 +76,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* Command-line flags that tell a component which namespaces to watch. */}}
+{{/* The router's OpenAI base URL inside the cluster (the Service port is left out when it is 80). */}}
+{{- define "kvfleet.routerUrl" -}}
+{{- $port := int .Values.router.service.port -}}
+{{- printf "http://%s-router.%s.svc%s/v1" (include "kvfleet.fullname" .) .Release.Namespace (ternary "" (printf ":%d" $port) (eq $port 80)) -}}
+{{- end -}}
+
+{{/* Command-line flags that tell the operator which namespaces to watch. */}}
 {{- define "kvfleet.scopeArgs" -}}
 {{- if eq .Values.scope.mode "cluster" }}
 - --all-namespaces
