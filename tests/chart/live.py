@@ -121,10 +121,12 @@ def plot_panel(
     out: Path,
     unit: str = "",
     origin_s: float | None = None,
+    no_data_note: str = "",
 ) -> int:
     """Draw one panel's queries over [start, end] as Grafana would; returns the number of lines drawn.
 
-    The x axis counts seconds from ``origin_s`` (default: ``start_s``)."""
+    The x axis counts seconds from ``origin_s`` (default: ``start_s``). Line styles alternate so
+    that series with equal values stay visible; an empty panel shows ``no_data_note``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,7 +141,9 @@ def plot_panel(
         for series in prometheus.series(query.expr, start_s, end_s, step_s):
             points = [(float(t) - origin, float(v)) for t, v in series["values"] if v not in ("NaN", "+Inf", "-Inf")]
             if points:
-                ax.plot(*zip(*points, strict=True), label=legend(query.legend, series["metric"]), linewidth=1.5)
+                style = ("-", "--", ":", "-.")[lines % 4]
+                label = legend(query.legend, series["metric"])
+                ax.plot(*zip(*points, strict=True), label=label, linewidth=1.5, linestyle=style)
                 lines += 1
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("seconds since the start of the traffic" if origin_s is not None else "seconds")
@@ -150,7 +154,8 @@ def plot_panel(
     if lines:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        text = f"no data\n{no_data_note}" if no_data_note else "no data"
+        ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True, fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
