@@ -153,6 +153,7 @@ class Controller:
         self._states[key] = decision.state
         self._log_staleness(key, state, decision)
         self.metrics.desired_replicas.labels(model).set(decision.desired_replicas)
+        self.metrics.max_replicas.labels(model).set(scaled.spec.max_replicas)
         self.metrics.decisions.labels(model, decision.reason).inc()
         self.metrics.metrics_stale.labels(model).set(1 if decision.state.stale_since_s is not None else 0)
 

@@ -19,6 +19,12 @@ class AutoscalerMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.max_replicas = Gauge(
+            "kvfleet_autoscaler_max_replicas",
+            "The deployment's autoscaling.maxReplicas (alerts compare the desired count with it).",
+            ["model"],
+            registry=self.registry,
+        )
         self.decisions = Counter(
             "kvfleet_autoscaler_decisions",
             "Decisions by reason (steady, scale_up, scale_down, metrics_stale, ...).",
@@ -39,7 +45,7 @@ class AutoscalerMetrics:
 
     def forget(self, model: str) -> None:
         """Drop a deleted deployment's series (a bounded label set)."""
-        for gauge in (self.desired_replicas, self.metrics_stale):
+        for gauge in (self.desired_replicas, self.max_replicas, self.metrics_stale):
             with contextlib.suppress(KeyError):
                 gauge.remove(model)
 

@@ -86,6 +86,7 @@ async def test_applies_only_changes_and_exports_metrics() -> None:
     assert applied == 1
     text = controller.metrics.render().decode()
     assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat"} 4.0' in text
+    assert 'kvfleet_autoscaler_max_replicas{model="tiny-chat"} 8.0' in text
     assert 'kvfleet_autoscaler_decisions_total{model="tiny-chat",reason="scale_up"} 1.0' in text
     assert 'kvfleet_autoscaler_decisions_total{model="tiny-chat",reason="steady"} 3.0' in text
     assert 'kvfleet_autoscaler_metrics_stale{model="tiny-chat"} 0.0' in text
@@ -194,7 +195,9 @@ async def test_deleted_deployment_is_forgotten() -> None:
     assert 'model="tiny-chat"' in controller.metrics.render().decode()
     deployments.items = []
     await controller.tick()
-    assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat"}' not in controller.metrics.render().decode()
+    text = controller.metrics.render().decode()
+    assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat"}' not in text
+    assert 'kvfleet_autoscaler_max_replicas{model="tiny-chat"}' not in text
 
 
 def test_controller_settings_bounds() -> None:

@@ -108,31 +108,54 @@ def legend(template: str, labels: dict[str, str]) -> str:
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), template) or str(labels)
 
 
+# Grafana unit -> y-axis label (the ones kvfleet's dashboard uses).
+UNIT_LABELS = {"s": "seconds", "reqps": "requests/s", "percentunit": "", "percent": "", "short": ""}
+
+
 def plot_panel(
-    prometheus: Prometheus, title: str, queries: Sequence[Query], start_s: float, end_s: float, out: Path
+    prometheus: Prometheus,
+    title: str,
+    queries: Sequence[Query],
+    start_s: float,
+    end_s: float,
+    out: Path,
+    unit: str = "",
+    origin_s: float | None = None,
+    no_data_note: str = "",
 ) -> int:
-    """Draw one panel's queries over [start, end] as Grafana would; returns the number of lines drawn."""
+    """Draw one panel's queries over [start, end] as Grafana would; returns the number of lines drawn.
+
+    The x axis counts seconds from ``origin_s`` (default: ``start_s``). Line styles alternate so
+    that series with equal values stay visible; an empty panel shows ``no_data_note``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
     lines = 0
     step_s = max(1.0, (end_s - start_s) / 200)
+    origin = start_s if origin_s is None else origin_s
     for query in queries:
         for series in prometheus.series(query.expr, start_s, end_s, step_s):
-            points = [(float(t) - start_s, float(v)) for t, v in series["values"] if v not in ("NaN", "+Inf", "-Inf")]
+            points = [(float(t) - origin, float(v)) for t, v in series["values"] if v not in ("NaN", "+Inf", "-Inf")]
             if points:
-                ax.plot(*zip(*points, strict=True), label=legend(query.legend, series["metric"]), linewidth=1.5)
+                style = ("-", "--", ":", "-.")[lines % 4]
+                label = legend(query.legend, series["metric"])
+                ax.plot(*zip(*points, strict=True), label=label, linewidth=1.5, linestyle=style)
                 lines += 1
     ax.set_title(title, fontsize=10)
-    ax.set_xlabel("seconds since the start of the run")
+    ax.set_xlabel("seconds since the start of the traffic" if origin_s is not None else "seconds")
+    ax.set_ylabel(UNIT_LABELS.get(unit, unit), fontsize=8)
+    if unit in ("percentunit", "percent"):
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0 if unit == "percentunit" else 100.0))
     ax.grid(alpha=0.3)
     if lines:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        text = f"no data\n{no_data_note}" if no_data_note else "no data"
+        ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True, fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)

@@ -20,6 +20,7 @@ class Query:
     panel: str
     legend: str
     expr: str
+    ref_id: str = "A"
 
 
 def dashboard_queries(model_regex: str = ".+", rate_interval: str = "1m") -> list[Query]:
@@ -28,7 +29,7 @@ def dashboard_queries(model_regex: str = ".+", rate_interval: str = "1m") -> lis
     for panel in DASHBOARD["panels"]:
         for target in panel.get("targets", []):
             expr = target["expr"].replace("$__rate_interval", rate_interval).replace("$model", model_regex)
-            found.append(Query(panel["title"], target.get("legendFormat", ""), expr))
+            found.append(Query(panel["title"], target.get("legendFormat", ""), expr, target["refId"]))
     return found
 
 

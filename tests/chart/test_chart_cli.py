@@ -1,10 +1,13 @@
 """The arguments the chart renders are accepted by the real `kvfleet` commands they start.
 
-Each component's command group is checked once it is merged (skipped, naming it, before).
+Each rendered argument list is parsed by the real click command (unknown flags and bad values fail
+here), then the parsed values build that component's real settings object, as its command does
+before it starts (bounds and cross-field rules fail here).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -13,22 +16,29 @@ from typing import Any
 import click
 import pytest
 
-from kvfleet.cli import LAZY_GROUPS, cli
+from kvfleet.autoscaler.settings import AutoscalerSettings
+from kvfleet.cli import cli
+from kvfleet.operator.settings import OperatorSettings
+from kvfleet.router.cli import load_settings as load_router_settings
 
-from .conftest import CI_VALUES
+from .conftest import CI_VALUES, NAMESPACE, objects, render
 
 Render = Callable[[Path], list[dict[str, Any]]]
+COMPONENTS = ["operator", "router", "autoscaler"]
 
 
-@pytest.mark.parametrize("component", ["operator", "router", "autoscaler"])
-@pytest.mark.parametrize("values_file", CI_VALUES, ids=lambda p: p.name)
-def test_rendered_args_parse(component: str, values_file: Path, render_ci: Render) -> None:
-    if component not in LAZY_GROUPS:
-        pytest.skip(f"`kvfleet {component}` is not merged into this branch yet")
-    (deployment,) = [
-        d for d in render_ci(values_file) if d["kind"] == "Deployment" and d["metadata"]["name"].endswith(component)
-    ]
-    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+def container(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith(f"-{component}")]
+    first: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return first
+
+
+def kubelet_expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """Expand $(VAR) references as the kubelet does for a container's args."""
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in args]
+
+
+def parse(args: list[str]) -> tuple[click.Command, dict[str, Any], list[str]]:
     group, name, *flags = args
     ctx = click.Context(cli)
     command = cli.get_command(ctx, group)
@@ -36,9 +46,70 @@ def test_rendered_args_parse(component: str, values_file: Path, render_ci: Rende
     sub = command.get_command(ctx, name)
     assert sub is not None, f"kvfleet {group} has no {name} command"
     # Parse only (no invoke): unknown options and bad values raise click.UsageError here.
-    sub.make_context(f"kvfleet {group} {name}", list(flags), parent=ctx)
+    sub_ctx = sub.make_context(f"kvfleet {group} {name}", list(flags), parent=ctx)
+    return sub, sub_ctx.params, flags
+
+
+def build_settings(component: str, params: dict[str, Any]) -> object:
+    """The settings object each command builds from its parsed options (see its cli.py)."""
+    if component == "operator":
+        assert not (params["all_namespaces"] and params["namespaces"])
+        values = {"namespaces": params["namespaces"], "health_port": params["health_port"]}
+        if params["router_endpoint"]:
+            values["router_endpoint"] = params["router_endpoint"]
+        return OperatorSettings.model_validate(values)
+    if component == "router":
+        assert params["kubernetes"] and not params["replicas"], "the chart's router discovers replicas in Kubernetes"
+        return load_router_settings(None, {"host": params["host"], "port": params["port"]})
+    options = {k: v for k, v in params.items() if k not in ("files", "verbose") and v is not None}
+    return AutoscalerSettings(**options)
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+@pytest.mark.parametrize("values_file", CI_VALUES, ids=lambda p: p.name)
+def test_rendered_args_start_the_real_command(component: str, values_file: Path, render_ci: Render) -> None:
+    spec = container(render_ci(values_file), component)
+    env = {"POD_NAME": f"kvf-kvfleet-{component}-7d9f-abcde", "POD_NAMESPACE": NAMESPACE}
+    assert {e["name"] for e in spec["env"]} >= set(env), "the args refer to env vars the pod must set"
+    sub, params, flags = parse(kubelet_expand(spec["args"], env))
+    settings = build_settings(component, params)
     # A repeated option that is not `multiple` silently keeps only the last value.
     repeated = [f for f, n in Counter(a.split("=", 1)[0] for a in flags if a.startswith("--")).items() if n > 1]
     for flag in repeated:
         option = next(p for p in sub.params if isinstance(p, click.Option) and flag in p.opts)
-        assert option.multiple, f"{flag} is repeated but kvfleet {group} {name} keeps only the last one"
+        assert option.multiple, f"{flag} is repeated but {sub.name} keeps only the last one"
+    # The port the command listens on is the container port the probes and the Service use.
+    (port,) = spec["ports"]
+    listen_port = {"operator": "health_port", "router": "port", "autoscaler": "listen_port"}[component]
+    assert getattr(settings, listen_port) == port["containerPort"]
+
+
+def test_namespace_mode_narrows_every_component(render_ci: Render) -> None:
+    docs = render_ci(next(p for p in CI_VALUES if p.name == "namespaced-values.yaml"))
+    env = {"POD_NAME": "pod-1", "POD_NAMESPACE": NAMESPACE}
+    parsed = {c: parse(kubelet_expand(container(docs, c)["args"], env))[1] for c in COMPONENTS}
+    operator = build_settings("operator", parsed["operator"])
+    autoscaler = build_settings("autoscaler", parsed["autoscaler"])
+    assert isinstance(operator, OperatorSettings) and isinstance(autoscaler, AutoscalerSettings)
+    assert operator.namespaces == ("team-a",)
+    assert autoscaler.namespace == "team-a"
+    assert parsed["router"]["namespace"] == "team-a"  # passed to its KubernetesReplicaSource, not its settings
+
+
+def test_autoscaler_elects_a_leader_in_its_own_namespace() -> None:
+    docs = objects(render({"autoscaler": {"replicas": 2, "tickIntervalSeconds": 0.5, "verbose": True}}))
+    spec = container(docs, "autoscaler")
+    _, params, _ = parse(kubelet_expand(spec["args"], {"POD_NAME": "pod-1", "POD_NAMESPACE": NAMESPACE}))
+    settings = build_settings("autoscaler", params)
+    assert isinstance(settings, AutoscalerSettings)
+    assert settings.leader_election and settings.identity == "pod-1" and settings.lease_namespace == NAMESPACE
+    assert settings.namespace is None and settings.tick_interval_s == 0.5 and params["verbose"]
+
+
+@pytest.mark.parametrize(("port", "url"), [(80, "http://kvf-kvfleet-router.ml.svc/v1"), (8000, None)])
+def test_operator_points_status_endpoint_at_this_router(port: int, url: str | None) -> None:
+    docs = objects(render({"router": {"service": {"port": port}}}, namespace="ml"))
+    _, params, _ = parse(container(docs, "operator")["args"])
+    settings = build_settings("operator", params)
+    assert isinstance(settings, OperatorSettings)
+    assert settings.router_endpoint == (url or f"http://kvf-kvfleet-router.ml.svc:{port}/v1")

@@ -171,13 +171,15 @@ def test_only_the_operator_touches_workloads(render_ci: Render) -> None:
             "operator": {
                 "inferencedeployments",
                 "inferencedeployments/status",
+                "inferencedeployments/finalizers",
                 "deployments",
                 "services",
                 "configmaps",
                 "poddisruptionbudgets",
+                "servicemonitors",
                 "events",
             },
-            "autoscaler": {"inferencedeployments/status", "events"},
+            "autoscaler": {"inferencedeployments/status"},
             "router": set(),
         }[component]
         assert written == expected, component

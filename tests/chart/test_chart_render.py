@@ -74,10 +74,15 @@ def test_ha_spreads_routers_and_keeps_two_through_drains(render_ci: Render) -> N
     assert pdb["spec"]["selector"]["matchLabels"] == router["spec"]["selector"]["matchLabels"]
     image = router["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image.endswith("@sha256:" + "0" * 64)
-    for singleton in (d for d in docs if d["kind"] == "Deployment" and d is not router):
-        assert singleton["spec"]["replicas"] == 1 and singleton["spec"]["strategy"] == {"type": "Recreate"}
+    operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
+    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "Recreate"}
+    # Two autoscalers: the Lease lets one act, so a rolling update never has two acting at once.
+    autoscaler = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-autoscaler"))
+    assert autoscaler["spec"]["replicas"] == 2 and autoscaler["spec"]["strategy"]["type"] == "RollingUpdate"
     monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
-    assert len(monitors) == 4 and all(m["metadata"]["labels"]["release"] == "kube-prometheus-stack" for m in monitors)
+    # The router and the autoscaler; the operator has no /metrics and creates the engines' monitors itself.
+    assert {m["metadata"]["name"] for m in monitors} == {"kvf-kvfleet-router", "kvf-kvfleet-autoscaler"}
+    assert all(m["metadata"]["labels"]["release"] == "kube-prometheus-stack" for m in monitors)
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert all(a["labels"]["team"] == "ml-platform" for a in alerts)
@@ -87,25 +92,29 @@ def test_namespaced_mode_grants_nothing_cluster_wide(render_ci: Render) -> None:
     docs = render_ci(CHART / "ci" / "namespaced-values.yaml")
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Role"}
-    assert roles == {("team-a", f"kvf-kvfleet-{c}") for c in ("operator", "router", "autoscaler")}
+    watched = {("team-a", f"kvf-kvfleet-{c}") for c in ("operator", "router", "autoscaler")}
+    # The autoscaler's Lease lives in its own namespace.
+    assert roles == watched | {("kvfleet-system", "kvf-kvfleet-autoscaler-self")}
     for binding in (d for d in docs if d["kind"] == "RoleBinding"):
         (subject,) = binding["subjects"]
         assert subject["namespace"] == "kvfleet-system"  # the ServiceAccounts live in the release namespace
     for deployment in (d for d in docs if d["kind"] == "Deployment"):
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--namespace=team-a" in args and "--all-namespaces" not in args
-    engines = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith("-engines"))
-    assert engines["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert "KvfleetTTFTSLOBurnSlow" not in alerts and "KvfleetTTFTSLOBurnFast" in alerts
 
 
-def test_several_namespaces_get_a_role_each_without_the_router() -> None:
-    values = {"scope": {"mode": "namespace", "namespaces": ["team-a", "team-b"]}, "router": {"enabled": False}}
+def test_several_namespaces_get_a_role_each_with_the_operator_alone() -> None:
+    values = {
+        "scope": {"mode": "namespace", "namespaces": ["team-a", "team-b"]},
+        "router": {"enabled": False},
+        "autoscaler": {"enabled": False},
+    }
     docs = objects(render(values))
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Role"}
-    assert roles == {(ns, f"kvf-kvfleet-{c}") for ns in ("team-a", "team-b") for c in ("operator", "autoscaler")}
+    assert roles == {(ns, "kvf-kvfleet-operator") for ns in ("team-a", "team-b")}
     operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
     args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args

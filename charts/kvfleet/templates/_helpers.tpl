@@ -76,7 +76,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* Command-line flags that tell a component which namespaces to watch. */}}
+{{/* The router's OpenAI base URL inside the cluster (the Service port is left out when it is 80). */}}
+{{- define "kvfleet.routerUrl" -}}
+{{- $port := int .Values.router.service.port -}}
+{{- printf "http://%s-router.%s.svc%s/v1" (include "kvfleet.fullname" .) .Release.Namespace (ternary "" (printf ":%d" $port) (eq $port 80)) -}}
+{{- end -}}
+
+{{/* Command-line flags that tell the operator which namespaces to watch. */}}
 {{- define "kvfleet.scopeArgs" -}}
 {{- if eq .Values.scope.mode "cluster" }}
 - --all-namespaces
@@ -117,6 +123,9 @@ Rendered once from templates/validate.yaml.
 {{- end -}}
 {{- if and .Values.router.enabled (eq .Values.scope.mode "namespace") (gt (len .Values.scope.namespaces) 1) -}}
 {{- $errors = append $errors (printf "scope.namespaces lists %d namespaces, but the router watches one namespace or all (kvfleet router serve --namespace); use one namespace, or cluster mode" (len .Values.scope.namespaces)) -}}
+{{- end -}}
+{{- if and .Values.autoscaler.enabled (eq .Values.scope.mode "namespace") (gt (len .Values.scope.namespaces) 1) -}}
+{{- $errors = append $errors (printf "scope.namespaces lists %d namespaces, but the autoscaler watches one namespace or all (kvfleet autoscaler run --namespace); use one namespace, or cluster mode" (len .Values.scope.namespaces)) -}}
 {{- end -}}
 {{- if not (or .Values.operator.enabled .Values.router.enabled .Values.autoscaler.enabled) -}}
 {{- $errors = append $errors "operator, router and autoscaler are all disabled: enable at least one" -}}

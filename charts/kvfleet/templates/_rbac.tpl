@@ -1,63 +1,81 @@
 {{/*
 The RBAC rules of each component, as data. Least privilege: named API groups, resources and verbs
-only (a test fails on any "*"), and nothing cluster-scoped in namespace mode.
+only (a test fails on any "*"), and nothing cluster-scoped in namespace mode. Every rule is one a
+component's code uses; tests/chart/test_chart_rbac.py compares them with what each publishes.
 */}}
 
-{{/* Rules the operator needs in every namespace it manages. */}}
+{{/* The operator: exactly operator/rbac.py's RULES, less kopf's peering rule (the chart runs one
+operator, standalone, so kopf never reads a peering object). Every resource is namespaced, so the
+same list serves a ClusterRole (cluster mode) and a Role per watched namespace. */}}
 {{- define "kvfleet.rules.operator" -}}
 - apiGroups: [kvfleet.io]
+  # Watch InferenceDeployments; patch only metadata (kopf's finalizer and bookkeeping annotations).
   resources: [inferencedeployments]
-  # patch: kopf's finalizer and last-handled-configuration annotation.
   verbs: [get, list, watch, patch]
 - apiGroups: [kvfleet.io]
+  # Conditions, readyReplicas, endpoint, observedGeneration.
   resources: [inferencedeployments/status]
-  verbs: [get, patch, update]
+  verbs: [get, patch]
+- apiGroups: [kvfleet.io]
+  # Children carry ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
+  resources: [inferencedeployments/finalizers]
+  verbs: [update]
 - apiGroups: [apps]
+  # Engine Deployment: read for drift, server-side apply (create on first apply), delete on cleanup.
   resources: [deployments]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
+  # Engine Service and the launcher's spec ConfigMap, as above.
   resources: [services, configmaps]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, create, patch, delete]
+- apiGroups: [monitoring.coreos.com]
+  # The engine ServiceMonitor, only where the Prometheus Operator CRD exists (found by discovery).
+  resources: [servicemonitors]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
-  # Read-only: readiness and restart reasons for status conditions.
+  # Ready engine pods, to ask their launcher for the measured cold start.
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [list]
 - apiGroups: [""]
+  # An Event per status transition.
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end -}}
 
-{{/* Cluster-scoped rules the operator needs in cluster mode only: kopf watches CRDs to notice when
-InferenceDeployments become servable. In namespace mode kopf falls back to API discovery. */}}
-{{- define "kvfleet.rules.operatorCluster" -}}
-- apiGroups: [apiextensions.k8s.io]
-  resources: [customresourcedefinitions]
-  verbs: [get, list, watch]
-{{- end -}}
-
+{{/* The router: lists and watches (router/kubernetes_source.py never gets one object). */}}
 {{- define "kvfleet.rules.router" -}}
 - apiGroups: [kvfleet.io]
   # Served names and spec.routing of each deployment.
   resources: [inferencedeployments]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 - apiGroups: [discovery.k8s.io]
   # Ready engine endpoints, selected by the kvfleet.io/deployment label.
   resources: [endpointslices]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 {{- end -}}
 
+{{/* The autoscaler in the namespaces it scales: it lists deployments each tick (no watch) and
+merge-patches its decision into status (desiredReplicas, scaleReason, lastScaleTime), never spec. */}}
 {{- define "kvfleet.rules.autoscaler" -}}
 - apiGroups: [kvfleet.io]
   resources: [inferencedeployments]
-  verbs: [get, list, watch]
+  verbs: [list]
 - apiGroups: [kvfleet.io]
-  # The decision lives in status (desiredReplicas, scaleReason, lastScaleTime), never in spec.
   resources: [inferencedeployments/status]
+  verbs: [patch]
+{{- end -}}
+
+{{/* The autoscaler in its own namespace: its leader-election Lease. create cannot be limited to a
+name (the object does not exist yet); reading and renewing are limited to the one Lease. */}}
+{{- define "kvfleet.rules.autoscalerLease" -}}
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [kvfleet-autoscaler]
   verbs: [get, patch]
-- apiGroups: [""]
-  resources: [events]
-  verbs: [create, patch]
 {{- end -}}

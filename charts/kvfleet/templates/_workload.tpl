@@ -159,9 +159,10 @@ spec:
 {{- end -}}
 
 {{/* ServiceAccount, (Cluster)Role(s) and binding(s) of one component; call with
-(dict "root" $ "component" "router" "rules" (include "kvfleet.rules.router" $) "clusterRules" "").
-Cluster mode: one ClusterRole with every rule, bound cluster-wide. Namespace mode: a Role with the
-namespaced rules in each watched namespace; clusterRules are dropped (nothing cluster-scoped). */}}
+(dict "root" $ "component" "router" "rules" (include "kvfleet.rules.router" $) "ownNamespaceRules" "").
+Cluster mode: one ClusterRole with the rules, bound cluster-wide. Namespace mode: a Role with the
+rules in each watched namespace (nothing cluster-scoped). ownNamespaceRules (e.g. a leader-election
+Lease) go in a Role "<name>-self" in the release namespace, in both modes. */}}
 {{- define "kvfleet.access" -}}
 {{- $root := .root -}}
 {{- $values := index $root.Values .component -}}
@@ -193,9 +194,6 @@ metadata:
     {{- $labels | nindent 4 }}
 rules:
   {{- .rules | nindent 2 }}
-  {{- with .clusterRules }}
-  {{- . | nindent 2 }}
-  {{- end }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -240,6 +238,34 @@ subjects:
     name: {{ $sa }}
     namespace: {{ $root.Release.Namespace }}
 {{- end }}
+{{- end }}
+{{- with .ownNamespaceRules }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ $name }}-self
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- $labels | nindent 4 }}
+rules:
+  {{- . | nindent 2 }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ $name }}-self
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- $labels | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ $name }}-self
+subjects:
+  - kind: ServiceAccount
+    name: {{ $sa }}
+    namespace: {{ $root.Release.Namespace }}
 {{- end }}
 {{- end }}
 {{- end -}}
