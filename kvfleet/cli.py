@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from kvfleet.cli_options import manifest_files
+
 # name -> ("module:attribute", one-line help). A component adds its group here.
 LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "crd": ("kvfleet.crd_cli:crd", "Generate or check the InferenceDeployment CRD."),
@@ -54,15 +56,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option(
-    "-f",
-    "--filename",
-    "files",
-    multiple=True,
-    required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Manifest file (several documents allowed); repeat for more files.",
-)
+@manifest_files("Manifest file (several documents allowed); repeat for more files.")
 def validate(files: tuple[Path, ...]) -> None:
     """Check InferenceDeployment manifests; print each problem with its field path.
 
@@ -84,15 +78,7 @@ def validate(files: tuple[Path, ...]) -> None:
 
 
 @cli.command()
-@click.option(
-    "-f",
-    "--filename",
-    "files",
-    multiple=True,
-    required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Manifest file (several documents allowed); repeat for more files.",
-)
+@manifest_files("Manifest file (several documents allowed); repeat for more files.")
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 def plan(files: tuple[Path, ...], output: str) -> None:
     """Print the child objects the operator would create (a dry run, no cluster needed)."""

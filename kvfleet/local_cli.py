@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from kvfleet.cli_options import manifest_files
 from kvfleet.local_settings import LocalSettings, LocalSettingsError
 
 DEFAULT_STATE_DIR = Path(".kvfleet/local")
@@ -21,15 +22,7 @@ def local() -> None:
 
 
 @local.command()
-@click.option(
-    "-f",
-    "--filename",
-    "files",
-    multiple=True,
-    required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Manifest file (several InferenceDeployments allowed); repeat for more files.",
-)
+@manifest_files("Manifest file (several InferenceDeployments allowed); repeat for more files.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the router listens on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Router port.")
 @click.option(
