@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moto.server import ThreadedMotoServer
+from support.s3_server import moto_s3_server
 
 from kvfleet.weight_cache import S3Settings, make_client, populate
 from kvfleet.weight_cache.s3 import S3Client
@@ -28,14 +27,8 @@ ACCESS_KEY, SECRET_KEY = "AKIDLAUNCHER", "launcher-secret-never-logged"
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = pick_free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with moto_s3_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="module")

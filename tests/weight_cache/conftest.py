@@ -3,32 +3,24 @@ bucket per test, credentials through a mounted-Secret-style directory, and model
 
 from __future__ import annotations
 
-import logging
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from moto.server import ThreadedMotoServer
+from support.s3_server import moto_s3_server
 
 from kvfleet.weight_cache import S3Settings, make_client
 from kvfleet.weight_cache.s3 import S3Client
-from tests.conftest import pick_free_port
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = pick_free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with moto_s3_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="session")
