@@ -7,7 +7,6 @@ venv's interpreter is used), logs to a file, and is stopped with SIGTERM (then S
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from support.processes import stop_process
 
 KVFLEET = [sys.executable, "-c", "from kvfleet.cli import main; main()"]
 
@@ -35,13 +36,7 @@ class Process:
         return self.log.read_text(errors="replace")[-chars:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
 
 def start(name: str, args: Sequence[str], url: str, log_dir: Path) -> Process:

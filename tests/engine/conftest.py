@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.processes import stop_process
 
 from kvfleet.engine.engine_core import EngineCore, EngineRequest, RequestOutput, load_engine_core
 from kvfleet.engine.sampling import SamplingParams
@@ -101,13 +101,7 @@ def run_engine(model_dir: Path, log_dir: Path, *args: str) -> Iterator[EnginePro
             time.sleep(0.1)
         yield engine
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import stop_process
 
 from kvfleet.router.replicas import ReplicaSource
 from kvfleet.router.server import RouterServer
@@ -152,13 +152,7 @@ class Engine:
         return out
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
 
 def start_engine(model_dir: Path, replica_id: str, log_dir: Path, served: str, *args: str) -> Engine:
