@@ -229,9 +229,9 @@ def write_results(result: dict[str, Any], out_dir: Path) -> None:
         "launcher process's own start (~1 s of Python imports) is outside it and inside the external `wall` "
         "figure in the JSON.",
         "",
-        f"Noise: {result['machine']}. Other engineers' test suites shared the two cores during this run, so "
-        "absolute figures (torch's import above all, which is most of `engine_start`) move by seconds between "
-        "runs; compare medians and ratios, and the min-max column for spread.",
+        f"Noise: {result['machine']}. On two cores that other work may share, absolute figures (torch's "
+        "import above all, which is most of `engine_start`) move by seconds between runs; compare medians and "
+        "ratios, and the min-max column for spread.",
         "",
         "No GPU was available for this run, so there are no CUDA figures; the launcher's CUDA path (device "
         "selection `--device cuda` when `resources.gpus >= 1`, fingerprint with the GPU product) is exercised "
