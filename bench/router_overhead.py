@@ -1,16 +1,22 @@
-"""Router overhead: added latency and highest sustained throughput, router vs nginx vs straight to the backend.
+"""Router overhead: added latency, sustained throughput and CPU per request, router vs nginx vs the backend.
 
 All measured in one run on this machine:
-- latency: ``--streams`` concurrent SSE streams (closed loop, an aiohttp client) against a streaming
-  backend (tests/router/backend.py, a separate process), directly, through nginx (proxy_buffering
-  off) and through ``kvfleet router serve``; added latency = through-proxy minus direct, per percentile.
-- throughput: wrk (POST, keep-alive) against nginx serving a fixed JSON answer as the fastest
-  possible backend, directly, through an nginx proxy, and through the router.
-nginx and the router each run as one process (worker_processes 1) so they get the same CPU.
-The load generator shares the machine's cores with everything it measures.
+- latency: ``--streams`` concurrent SSE streams (closed loop) against a streaming backend
+  (tests/router/backend.py, a separate process), directly, through nginx (proxy_buffering off) and
+  through ``kvfleet router serve``; added latency = through-proxy minus direct, per percentile. The
+  generator is light: uvloop plus an httptools-parsed HTTP/1.1 client (``kvfleet.router.upstream``,
+  the same client for every path), not aiohttp's client.
+- throughput: wrk (one thread, POST, keep-alive) against nginx serving a fixed JSON answer as the
+  fastest backend, directly, through an nginx proxy, and through the router; and the proxy process's
+  own CPU time per request over the wrk run (utime + stime from /proc), which other jobs on the
+  machine do not inflate the way they do req/s.
+Pinning (when the machine has 2+ cores): the proxy under test -- the nginx proxy worker or the
+router, each one process -- runs alone on ``--proxy-cpu``; backends and load generators share
+``--load-cpu``. Other engineers' jobs still share both cores.
 
-    .venv/bin/python bench/router_overhead.py                 # ~2 minutes
-    .venv/bin/python bench/router_overhead.py --seconds 20 --streams 200
+    .venv/bin/python bench/router_overhead.py                 # ~4 minutes
+    .venv/bin/python bench/router_overhead.py --seconds 20 --streams 10,100,200
+    .venv/bin/python bench/router_overhead.py --before-src /tmp/before/router   # adds an older router, same run
 
 Writes docs/benchmarks/router_overhead.{json,md,png}.
 """
@@ -31,11 +37,13 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import uvloop
+
+from kvfleet.router.upstream import PoolSettings, UpstreamIOError, UpstreamPool
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "benchmarks"
@@ -64,7 +72,9 @@ def wait_http(url: str, timeout_s: float = 30) -> None:
 
 
 @contextmanager
-def process(cmd: list[str], health_url: str) -> Iterator[subprocess.Popen[bytes]]:
+def process(cmd: list[str], health_url: str, cpu: int | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu), *cmd]  # taskset execs: the pid stays the command's
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http(health_url)
@@ -86,7 +96,8 @@ def nginx_binary() -> str:
 
 
 @contextmanager
-def nginx(server_block: str, port: int, workdir: Path) -> Iterator[None]:
+def nginx(server_block: str, port: int, workdir: Path, cpu: int | None = None) -> Iterator[int]:
+    """nginx with one worker; yields the worker's pid (the process that does the work)."""
     prefix = workdir / f"nginx-{port}"
     prefix.mkdir()
     user = "user root;\n" if os.geteuid() == 0 else ""
@@ -104,8 +115,9 @@ http {{
 """
     (prefix / "nginx.conf").write_text(conf)
     cmd = [nginx_binary(), "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-g", "daemon off;"]
-    with process(cmd, f"http://127.0.0.1:{port}/health"):
-        yield
+    with process(cmd, f"http://127.0.0.1:{port}/health", cpu) as master:
+        children = Path(f"/proc/{master.pid}/task/{master.pid}/children").read_text().split()
+        yield int(children[0]) if children else master.pid
 
 
 def static_backend_block(port: int) -> str:
@@ -130,11 +142,15 @@ def proxy_block(port: int, upstream_port: int) -> str:
 
 
 @contextmanager
-def router(upstream: str, port: int) -> Iterator[None]:
+def router(upstream: str, port: int, cpu: int | None = None, src: Path | None = None) -> Iterator[int]:
+    """``kvfleet router serve``; ``src``: serve from another checkout's router/ folder (a before/after run)."""
+    boot = "from kvfleet.cli import main; main()"
+    if src is not None:
+        boot = f"import kvfleet.router as r; r.__path__[:] = [{str(src)!r}]; " + boot
     cmd = [
         sys.executable,
         "-c",
-        "from kvfleet.cli import main; main()",
+        boot,
         "router",
         "serve",
         "--port",
@@ -144,8 +160,13 @@ def router(upstream: str, port: int) -> Iterator[None]:
         "--log-level",
         "WARNING",
     ]
-    with process(cmd, f"http://127.0.0.1:{port}/health"):
-        yield
+    with process(cmd, f"http://127.0.0.1:{port}/health", cpu) as proc:
+        yield proc.pid
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 # -- latency ------------------------------------------------------------------------------------------
@@ -153,38 +174,44 @@ def router(upstream: str, port: int) -> Iterator[None]:
 
 async def stream_latency(url: str, streams: int, seconds: float, chunks: int, delay_s: float) -> dict[str, Any]:
     knobs = {"chunks": chunks, "delay_s": delay_s}
-    body = {"model": "bench", "prompt": "hello", "stream": True, "kvfleet_test": knobs}
+    body = json.dumps({"model": "bench", "prompt": "hello", "stream": True, "kvfleet_test": knobs}).encode()
+    headers = b"Content-Type: application/json\r\n"
     ttfb: list[float] = []
     total: list[float] = []
     errors = 0
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        loop = asyncio.get_running_loop()
-        warm_until = loop.time() + min(2.0, seconds / 4)
-        stop_at = warm_until + seconds
+    pool = UpstreamPool(
+        PoolSettings(max_connections_per_origin=streams, keepalive_timeout_s=60, connect_timeout_s=5, read_timeout_s=30)
+    )
+    now = time.perf_counter  # uvloop's loop.time() ticks in whole milliseconds
+    warm_until = now() + min(2.0, seconds / 4)
+    stop_at = warm_until + seconds
 
-        async def worker() -> None:
-            nonlocal errors
-            while loop.time() < stop_at:
-                t0 = loop.time()
-                try:
-                    async with session.post(url + "/v1/completions", json=body) as resp:
-                        first = None
-                        async for _ in resp.content.iter_any():
-                            if first is None:
-                                first = loop.time()
-                        if resp.status != 200 or first is None:
-                            errors += 1
-                            continue
-                except aiohttp.ClientError:
-                    errors += 1
-                    continue
-                t1 = loop.time()
-                if t0 >= warm_until:
-                    ttfb.append(first - t0)
-                    total.append(t1 - t0)
+    async def worker() -> None:
+        nonlocal errors
+        while now() < stop_at:
+            t0 = now()
+            try:
+                resp = await pool.post(url, "/v1/completions", headers, body)
+                first = None
+                while await resp.readany():
+                    if first is None:
+                        first = now()
+                resp.release()
+            except UpstreamIOError:
+                errors += 1
+                continue
+            if resp.status != 200 or first is None:
+                errors += 1
+                continue
+            t1 = now()
+            if t0 >= warm_until:
+                ttfb.append(first - t0)
+                total.append(t1 - t0)
 
+    try:
         await asyncio.gather(*(worker() for _ in range(streams)))
+    finally:
+        await pool.close()
     return {"ttfb_s": summarise(ttfb), "total_s": summarise(total), "requests": len(total), "errors": errors}
 
 
@@ -202,18 +229,19 @@ def summarise(values: list[float]) -> dict[str, float]:
 # -- throughput ---------------------------------------------------------------------------------------
 
 
-def wrk(url: str, seconds: float, connections: int, workdir: Path) -> dict[str, float]:
+def wrk(url: str, seconds: float, connections: int, workdir: Path, proxy_pid: int | None) -> dict[str, float]:
     script = workdir / "post.lua"
     script.write_text(
         'wrk.method = "POST"\n'
         'wrk.headers["Content-Type"] = "application/json"\n'
         'wrk.body = \'{"model": "bench", "prompt": "hello there", "max_tokens": 8}\'\n'
     )
+    cpu_before = cpu_seconds(proxy_pid) if proxy_pid else 0.0
     out = subprocess.run(
         [
             "wrk",
             "-t",
-            "2",
+            "1",
             "-c",
             str(connections),
             "-d",
@@ -228,7 +256,9 @@ def wrk(url: str, seconds: float, connections: int, workdir: Path) -> dict[str, 
         check=True,
         timeout=seconds + 60,
     ).stdout
+    cpu_used_s = cpu_seconds(proxy_pid) - cpu_before if proxy_pid else float("nan")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     errors = re.search(r"Socket errors:.*", out)
     return {
@@ -237,6 +267,8 @@ def wrk(url: str, seconds: float, connections: int, workdir: Path) -> dict[str, 
         "p50_ms": parse_ms(out, "50%"),
         "p99_ms": parse_ms(out, "99%"),
         "socket_errors": 1.0 if errors else 0.0,
+        "proxy_cpu_us_per_request": cpu_used_s / max(1, done) * 1e6,
+        "proxy_cpu_share": cpu_used_s / seconds,
     }
 
 
@@ -262,53 +294,64 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64, help="wrk connections in the throughput test")
     parser.add_argument("--repeats", type=int, default=3, help="rounds; medians over rounds are reported")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--proxy-cpu", type=int, default=0, help="core for the proxy under test")
+    parser.add_argument("--load-cpu", type=int, default=1, help="core for backends and load generators")
+    parser.add_argument("--no-pin", action="store_true", help="let the scheduler place everything")
+    parser.add_argument(
+        "--before-src",
+        type=Path,
+        help="another checkout's router/ folder, measured as 'kvfleet-before' in the same run",
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (scripts/bootstrap installs it)")
+    pin = not args.no_pin and (os.cpu_count() or 1) >= 2
+    proxy_cpu = args.proxy_cpu if pin else None
+    if pin:
+        os.sched_setaffinity(0, {args.load_cpu})  # this generator, wrk and the backends inherit it
     rounds: list[dict[str, Any]] = []
     levels = [int(x) for x in str(args.streams).split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
+    proxies = ["nginx", "kvfleet"] + (["kvfleet-before"] if args.before_src else [])
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         workdir = Path(tmp)
         stream_port, static_port = free_port(), free_port()
-        nginx_stream_port, nginx_static_port = free_port(), free_port()
-        router_stream_port, router_static_port = free_port(), free_port()
         stream_url = f"http://127.0.0.1:{stream_port}"
         static_url = f"http://127.0.0.1:{static_port}"
         backend_cmd = [sys.executable, str(BACKEND), "--port", str(stream_port), "--replica-id", "bench"]
-        with (
-            process(backend_cmd, stream_url + "/health"),
-            nginx(static_backend_block(static_port), static_port, workdir),
-            nginx(proxy_block(nginx_stream_port, stream_port), nginx_stream_port, workdir),
-            nginx(proxy_block(nginx_static_port, static_port), nginx_static_port, workdir),
-            router(stream_url, router_stream_port),
-            router(static_url, router_static_port),
-        ):
-            for r in range(args.repeats):
-                result: dict[str, Any] = {"latency": {}, "throughput": {}}
-                for streams in levels:
-                    for name, port in [
-                        ("direct", stream_port),
-                        ("nginx", nginx_stream_port),
-                        ("kvfleet", router_stream_port),
-                    ]:
-                        url = f"http://127.0.0.1:{port}"
-                        lat = asyncio.run(stream_latency(url, streams, args.seconds, args.chunks, args.chunk_delay_s))
-                        result["latency"][f"{name}@{streams}"] = lat
-                        print(
-                            f"round {r} latency {name:8s} x{streams:<4d} ttfb p50 {lat['ttfb_s']['p50'] * 1000:.2f} ms "
-                            f"p99 {lat['ttfb_s']['p99'] * 1000:.2f} ms ({lat['requests']} req, {lat['errors']} errors)"
-                        )
-                for name, port in [
-                    ("direct", static_port),
-                    ("nginx", nginx_static_port),
-                    ("kvfleet", router_static_port),
-                ]:
-                    result["throughput"][name] = wrk(
-                        f"http://127.0.0.1:{port}", args.seconds, args.connections, workdir
+        stack.enter_context(process(backend_cmd, stream_url + "/health"))
+        stack.enter_context(nginx(static_backend_block(static_port), static_port, workdir))
+        # name -> (streaming port, static port, pid serving the static path)
+        ports: dict[str, tuple[int, int, int | None]] = {"direct": (stream_port, static_port, None)}
+        for name in proxies:
+            a, b = free_port(), free_port()
+            if name == "nginx":
+                stack.enter_context(nginx(proxy_block(a, stream_port), a, workdir, proxy_cpu))
+                pid = stack.enter_context(nginx(proxy_block(b, static_port), b, workdir, proxy_cpu))
+            else:
+                src = args.before_src if name == "kvfleet-before" else None
+                stack.enter_context(router(stream_url, a, proxy_cpu, src))
+                pid = stack.enter_context(router(static_url, b, proxy_cpu, src))
+            ports[name] = (a, b, pid)
+        for r in range(args.repeats):
+            result: dict[str, Any] = {"latency": {}, "throughput": {}}
+            for streams in levels:
+                for name, (port, _, _) in ports.items():
+                    url = f"http://127.0.0.1:{port}"
+                    lat = uvloop.run(stream_latency(url, streams, args.seconds, args.chunks, args.chunk_delay_s))
+                    result["latency"][f"{name}@{streams}"] = lat
+                    print(
+                        f"round {r} latency {name:14s} x{streams:<4d} ttfb p50 {lat['ttfb_s']['p50'] * 1000:.2f} ms "
+                        f"p99 {lat['ttfb_s']['p99'] * 1000:.2f} ms ({lat['requests']} req, {lat['errors']} errors)"
                     )
-                    print(f"round {r} throughput {name:8s} {result['throughput'][name]['rps']:.0f} req/s")
-                rounds.append(result)
-    write(args, levels, rounds)
+            for name, (_, port, pid) in ports.items():
+                got = wrk(f"http://127.0.0.1:{port}", args.seconds, args.connections, workdir, pid)
+                result["throughput"][name] = got
+                print(
+                    f"round {r} throughput {name:14s} {got['rps']:.0f} req/s, "
+                    f"proxy CPU {got['proxy_cpu_us_per_request']:.1f} us/req at {got['proxy_cpu_share']:.0%} of a core"
+                )
+            rounds.append(result)
+    write(args, levels, rounds, ["direct", *proxies], pin)
 
 
 def median_of(rounds: list[dict[str, Any]], *path: str) -> float:
@@ -321,11 +364,19 @@ def median_of(rounds: list[dict[str, Any]], *path: str) -> float:
     return statistics.median(values)
 
 
-def write(args: argparse.Namespace, levels: list[int], rounds: list[dict[str, Any]]) -> None:
+def write(
+    args: argparse.Namespace, levels: list[int], rounds: list[dict[str, Any]], paths: list[str], pin: bool
+) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    paths = ("direct", "nginx", "kvfleet")
-    summary: dict[str, Any] = {"latency_ms": {}, "added_latency_ms": {}, "throughput_rps": {}}
+    proxies = [p for p in paths if p != "direct"]
+    summary: dict[str, Any] = {
+        "latency_ms": {},
+        "added_latency_ms": {},
+        "throughput_rps": {},
+        "proxy_cpu_us_per_request": {},
+        "proxy_cpu_share": {},
+    }
     for level in levels:
         for name in paths:
             key = f"{name}@{level}"
@@ -334,7 +385,7 @@ def write(args: argparse.Namespace, levels: list[int], rounds: list[dict[str, An
                 for metric in ("ttfb", "total")
                 for q in ("p50", "p99")
             }
-        for name in ("nginx", "kvfleet"):
+        for name in proxies:
             # Per round: proxy minus direct in the same round, then the median over rounds.
             summary["added_latency_ms"][f"{name}@{level}"] = {
                 f"{metric}_{q}": statistics.median(
@@ -350,15 +401,28 @@ def write(args: argparse.Namespace, levels: list[int], rounds: list[dict[str, An
             }
     for name in paths:
         summary["throughput_rps"][name] = median_of(rounds, "throughput", name, "rps")
-    ratio = summary["throughput_rps"]["kvfleet"] / summary["throughput_rps"]["nginx"]
-    summary["throughput_ratio_vs_nginx"] = ratio
+    for name in proxies:
+        summary["proxy_cpu_us_per_request"][name] = median_of(rounds, "throughput", name, "proxy_cpu_us_per_request")
+        summary["proxy_cpu_share"][name] = median_of(rounds, "throughput", name, "proxy_cpu_share")
+    # Per round, then the median: the ratio in one round compares runs seconds apart.
+    ratios = {
+        name: statistics.median(r["throughput"][name]["rps"] / r["throughput"]["nginx"]["rps"] for r in rounds)
+        for name in proxies
+    }
+    summary["throughput_ratio_vs_nginx"] = ratios
+    ratio = ratios["kvfleet"]
+    cpu = summary["proxy_cpu_us_per_request"]
+    cpu_ratio = cpu["nginx"] / cpu["kvfleet"]
+    summary["cpu_efficiency_vs_nginx"] = cpu_ratio
     spread = {name: [round(r["throughput"][name]["rps"]) for r in rounds] for name in paths}
+    load = os.getloadavg()
     (out / "router_overhead.json").write_text(
         json.dumps(
             {
                 "args": {k: str(v) for k, v in vars(args).items()},
+                "pinned": pin,
                 "cpus": os.cpu_count(),
-                "load_average_at_end": os.getloadavg(),
+                "load_average_at_end": load,
                 "summary": summary,
                 "rounds": rounds,
             },
@@ -366,12 +430,17 @@ def write(args: argparse.Namespace, levels: list[int], rounds: list[dict[str, An
         )
     )
     lat, added = summary["latency_ms"], summary["added_latency_ms"]
+    placement = (
+        f"proxy under test alone on core {args.proxy_cpu}, backends and generators on core {args.load_cpu}"
+        if pin
+        else "unpinned"
+    )
     lines = [
-        f"{args.repeats} rounds x {args.seconds:g} s per measurement on {os.cpu_count()} shared cores "
-        f"(load average {os.getloadavg()[0]:.1f} at the end); medians over rounds.",
+        f"{args.repeats} rounds x {args.seconds:g} s per measurement on {os.cpu_count()} cores shared with other "
+        f"jobs (load average {load[0]:.1f} at the end); {placement}; medians over rounds.",
         "",
-        f"Latency: concurrent SSE streams ({args.chunks} events, {args.chunk_delay_s * 1000:g} ms apart) from an "
-        "aiohttp client; TTFB = time to the first body byte; added = proxy minus direct in the same round.",
+        f"Latency: concurrent SSE streams ({args.chunks} events, {args.chunk_delay_s * 1000:g} ms apart) from a "
+        "uvloop + httptools client; TTFB = time to the first body byte; added = proxy minus direct in the same round.",
         "",
         "| streams | path | TTFB p50 (ms) | TTFB p99 (ms) | stream p50 (ms) | stream p99 (ms) "
         "| added TTFB p50 (ms) | added TTFB p99 (ms) |",
@@ -388,14 +457,16 @@ def write(args: argparse.Namespace, levels: list[int], rounds: list[dict[str, An
             )
     lines += [
         "",
-        f"Throughput: wrk, {args.connections} keep-alive connections, POST, "
-        "against nginx returning a fixed JSON answer.",
+        f"Throughput: wrk (1 thread), {args.connections} keep-alive connections, POST, against nginx returning a "
+        "fixed JSON answer. Proxy CPU = the proxy process's utime + stime over the run / requests served.",
         "",
-        "| path | req/s (median) | per round |",
-        "|---|---|---|",
+        "| path | req/s (median) | vs nginx | per round | proxy CPU (us/request) | proxy CPU used (share of a core) |",
+        "|---|---|---|---|---|---|",
     ]
     for name in paths:
-        lines.append(f"| {name} | {summary['throughput_rps'][name]:.0f} | {spread[name]} |")
+        vs = f"{ratios[name]:.0%}" if name in ratios else "-"
+        c = f"{cpu[name]:.1f} | {summary['proxy_cpu_share'][name]:.0%}" if name in cpu else "- | -"
+        lines.append(f"| {name} | {summary['throughput_rps'][name]:.0f} | {vs} | {spread[name]} | {c} |")
     top = max(levels)
     p50, p99 = added[f"kvfleet@{top}"]["ttfb_p50"], added[f"kvfleet@{top}"]["ttfb_p99"]
     lines += [
@@ -405,33 +476,39 @@ def write(args: argparse.Namespace, levels: list[int], rounds: list[dict[str, An
         f"| added p50 <= 1 ms at {top} streams | {p50:.2f} ms | {'yes' if p50 <= 1 else 'NO'} |",
         f"| added p99 <= 5 ms at {top} streams | {p99:.2f} ms | {'yes' if p99 <= 5 else 'NO'} |",
         f"| throughput >= 30% of nginx's | {ratio:.0%} | {'yes' if ratio >= 0.3 else 'NO'} |",
+        f"| (CPU per request, nginx's / kvfleet's) | {cpu_ratio:.0%} | {'yes' if cpu_ratio >= 0.3 else 'NO'} |",
     ]
     (out / "router_overhead.md").write_text("\n".join(lines) + "\n")
-    plot(out / "router_overhead.png", levels, summary)
+    plot(out / "router_overhead.png", levels, summary, paths)
     print("\n".join(lines))
 
 
-def plot(path: Path, levels: list[int], summary: dict[str, Any]) -> None:
+def plot(path: Path, levels: list[int], summary: dict[str, Any], names: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = ["direct", "nginx", "kvfleet"]
-    fig, axes = plt.subplots(1, len(levels) + 1, figsize=(5.5 * (len(levels) + 1), 4))
+    fig, axes = plt.subplots(1, len(levels) + 2, figsize=(5 * (len(levels) + 2), 4))
     lat = summary["latency_ms"]
     xs = range(len(names))
+    colours = {"direct": "grey", "nginx": "tab:green", "kvfleet": "tab:blue", "kvfleet-before": "tab:orange"}
     for ax, level in zip(axes, levels, strict=False):
         ax.bar([x - 0.2 for x in xs], [lat[f"{n}@{level}"]["ttfb_p50"] for n in names], 0.4, label="TTFB p50")
         ax.bar([x + 0.2 for x in xs], [lat[f"{n}@{level}"]["ttfb_p99"] for n in names], 0.4, label="TTFB p99")
         ax.set_xticks(list(xs), names)
         ax.set_ylabel("ms")
-        ax.set_title(f"time to first byte, {level} concurrent SSE streams")
+        ax.set_title(f"time to first byte, {level} SSE streams")
         ax.legend()
-    b = axes[-1]
-    b.bar(names, [summary["throughput_rps"][n] for n in names], color=["grey", "tab:green", "tab:blue"])
+    b = axes[len(levels)]
+    b.bar(names, [summary["throughput_rps"][n] for n in names], color=[colours.get(n, "k") for n in names])
     b.set_ylabel("requests/s")
     b.set_title("sustained throughput (wrk)")
+    c = axes[len(levels) + 1]
+    proxies = [n for n in names if n != "direct"]
+    c.bar(proxies, [summary["proxy_cpu_us_per_request"][n] for n in proxies], color=[colours[n] for n in proxies])
+    c.set_ylabel("CPU microseconds per request")
+    c.set_title("proxy CPU per request (lower is better)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

@@ -204,8 +204,8 @@ class Fleet:
         replica = model.replicas[pick.replica_id]
         model.index.record(pick.replica_id, hashes)  # learn only after the pick
         replica.inflight += 1
-        self._metrics.inflight.labels(served_name, pick.replica_id).set(replica.inflight)
-        self._metrics.prefix_match.labels(served_name).observe(pick.match_ratio)
+        self._metrics.child(self._metrics.inflight, served_name, pick.replica_id).set(replica.inflight)
+        self._metrics.child(self._metrics.prefix_match, served_name).observe(pick.match_ratio)
         log.debug("pick %s", pick.reason)
         return Lease(served_name, pick.replica_id, replica.endpoint.url, pick, self)
 
@@ -221,7 +221,7 @@ class Fleet:
         if replica is None:
             return  # the replica (or model) left while this request was in flight
         replica.inflight = max(0, replica.inflight - 1)
-        self._metrics.inflight.labels(lease.model, lease.replica_id).set(replica.inflight)
+        self._metrics.child(self._metrics.inflight, lease.model, lease.replica_id).set(replica.inflight)
 
     def _require(self, served_name: str) -> _Model:
         model = self._models.get(served_name)

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -28,6 +27,14 @@ from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.prompt import block_hashes, render_prompt
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.sse import EventSplitter, error_event
+from kvfleet.router.upstream import (
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamIOError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeoutError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,10 @@ _HOP_BY_HOP = frozenset(
         "date",
     }
 )
+# Not forwarded upstream either: the router answers ``Expect: 100-continue`` itself (aiohttp does), and the
+# request it sends is complete.
+_NOT_FORWARDED = _HOP_BY_HOP | {"expect"}
+_NOT_FORWARDED_RAW = frozenset(name.encode() for name in _NOT_FORWARDED | {"x-forwarded-for"})
 # The HTTP code counted for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
 
@@ -79,18 +90,15 @@ class Proxy:
         settings: RouterSettings,
         fleet: Fleet,
         metrics: RouterMetrics,
-        session: Callable[[], aiohttp.ClientSession],
+        upstream: Callable[[], UpstreamPool],
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._fleet = fleet
         self._metrics = metrics
-        self._session = session
+        self._upstream = upstream
         self._clock = clock
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.idle_read_timeout_s
-        )
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/completions", self.inference)
@@ -148,7 +156,7 @@ class Proxy:
             code = CLIENT_CLOSED
             raise
         finally:
-            self._metrics.requests.labels(model_label, str(code)).inc()
+            self._metrics.child(self._metrics.requests, model_label, str(code)).inc()
 
     async def _forward(
         self, request: web.Request, model: str, raw: bytes, hashes: list[int], started_s: float
@@ -159,7 +167,7 @@ class Proxy:
         for attempt in range(self._settings.max_attempts):
             lease = await self._fleet.acquire(model, hashes, frozenset(tried))
             if attempt:
-                self._metrics.retries.labels(model).inc()
+                self._metrics.child(self._metrics.retries, model).inc()
             try:
                 upstream, first = await self._attempt(lease, request.path_qs, raw, headers)
             except UpstreamAttemptError as e:
@@ -175,33 +183,26 @@ class Proxy:
             f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
         )
 
-    async def _attempt(
-        self, lease: Lease, path_qs: str, raw: bytes, headers: CIMultiDict[str]
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
+    async def _attempt(self, lease: Lease, path_qs: str, raw: bytes, headers: bytes) -> tuple[UpstreamResponse, bytes]:
         """Send the request and read its first body bytes: everything here may still be retried."""
         try:
-            upstream = await self._session().post(lease.url + path_qs, data=raw, headers=headers, timeout=self._timeout)
-        except aiohttp.SocketTimeoutError as e:
+            upstream = await self._upstream().post(lease.url, path_qs, headers, raw)
+        except UpstreamTimeoutError as e:
             # Connected and sent, then silence: the replica may still be working on it, so no retry.
             raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
-        except aiohttp.ClientConnectionError as e:  # refused, connect timeout, reset or closed before the headers
+        except (UpstreamConnectError, UpstreamClosedError) as e:  # refused, connect timeout, closed before headers
             raise UpstreamAttemptError(lease.replica_id, f"{type(e).__name__}: {e}") from e
-        except TimeoutError as e:
-            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
         try:
             if upstream.status == 503:
                 # Draining or still loading: nothing was done, try another replica.
                 raise UpstreamAttemptError(lease.replica_id, "answered 503 (draining or not ready)")
-            first = await upstream.content.readany()
-        except aiohttp.SocketTimeoutError as e:
+            first = await upstream.readany()
+        except UpstreamTimeoutError as e:
             upstream.close()
             raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response body in time") from e
-        except aiohttp.ClientConnectionError as e:
+        except UpstreamClosedError as e:
             upstream.close()
-            raise UpstreamAttemptError(lease.replica_id, f"broke before the first byte: {e!r}") from e
-        except TimeoutError as e:
-            upstream.close()
-            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response body in time") from e
+            raise UpstreamAttemptError(lease.replica_id, f"broke before the first byte: {e}") from e
         except BaseException:
             upstream.close()
             raise
@@ -212,7 +213,7 @@ class Proxy:
         request: web.Request,
         model: str,
         lease: Lease,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         first: bytes,
         started_s: float,
     ) -> web.StreamResponse:
@@ -221,12 +222,12 @@ class Proxy:
         clean_end = False
         try:
             is_sse = upstream.content_type == "text/event-stream"
-            if not is_sse and upstream.content.at_eof():
+            if not is_sse and upstream.at_eof():
                 # The whole body came in the first read (the usual non-streaming answer): one write.
                 headers = _response_headers(upstream)
                 headers["X-Kvfleet-Replica"] = lease.replica_id
                 whole = web.Response(status=upstream.status, reason=upstream.reason, body=first, headers=headers)
-                self._metrics.ttft.labels(model).observe(self._clock() - started_s)
+                self._metrics.child(self._metrics.ttft, model).observe(self._clock() - started_s)
                 outcome = "ok"
                 clean_end = True
                 return whole
@@ -237,7 +238,7 @@ class Proxy:
                 response.content_length = upstream.content_length
             response.headers["X-Kvfleet-Replica"] = lease.replica_id
             await response.prepare(request)
-            self._metrics.ttft.labels(model).observe(self._clock() - started_s)
+            self._metrics.child(self._metrics.ttft, model).observe(self._clock() - started_s)
             splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
             chunk = first
             try:
@@ -245,8 +246,8 @@ class Proxy:
                     out = splitter.feed(chunk) if splitter else chunk
                     if out:
                         await response.write(out)
-                    chunk = await upstream.content.readany()
-            except (aiohttp.ClientError, TimeoutError) as e:
+                    chunk = await upstream.readany()
+            except UpstreamIOError as e:
                 outcome = "failed"
                 log.warning("replica %s broke a started response: %r", lease.replica_id, e)
                 if splitter is None:
@@ -275,7 +276,7 @@ class _AbortConnection(Exception):
     """Raised after the response started, so aiohttp drops the connection instead of ending it cleanly."""
 
 
-def _response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+def _response_headers(upstream: UpstreamResponse) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream.headers.items():
         if name.lower() not in _HOP_BY_HOP:
@@ -283,12 +284,16 @@ def _response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
     return headers
 
 
-def _forward_headers(request: web.Request) -> CIMultiDict[str]:
-    headers: CIMultiDict[str] = CIMultiDict()
-    for name, value in request.headers.items():
-        if name.lower() not in _HOP_BY_HOP:
-            headers.add(name, value)
-    peer = request.remote or ""
-    prior = request.headers.get("X-Forwarded-For")
-    headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
-    return headers
+def _forward_headers(request: web.Request) -> bytes:
+    """The client's end-to-end headers as ``Name: value\r\n`` lines, with X-Forwarded-For extended."""
+    lines: list[bytes] = []
+    prior = b""
+    for name, value in request.raw_headers:
+        lower = name.lower()
+        if lower == b"x-forwarded-for":
+            prior = value if not prior else prior + b", " + value
+        elif lower not in _NOT_FORWARDED_RAW:
+            lines.append(name + b": " + value + b"\r\n")
+    peer = (request.remote or "").encode("latin-1")
+    lines.append(b"X-Forwarded-For: " + (prior + b", " + peer if prior else peer) + b"\r\n")
+    return b"".join(lines)

@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-import aiohttp
 from aiohttp import web
 
 from kvfleet.router.fleet import Fleet
@@ -18,6 +17,7 @@ from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.proxy import Proxy
 from kvfleet.router.replicas import ReplicaSource
 from kvfleet.router.settings import RouterSettings
+from kvfleet.router.upstream import PoolSettings, UpstreamPool
 from kvfleet.router.wake import WakeSignal
 
 log = logging.getLogger(__name__)
@@ -37,22 +37,23 @@ def create_app(
     """The router as an aiohttp Application; ``app[FLEET_KEY]`` and ``app[METRICS_KEY]`` expose its state."""
     metrics = metrics or RouterMetrics()
     fleet = Fleet(settings, wake, metrics, clock=clock)
-    sessions: list[aiohttp.ClientSession] = []
+    pools: list[UpstreamPool] = []
 
-    def session() -> aiohttp.ClientSession:
-        return sessions[0]
+    def upstream() -> UpstreamPool:
+        return pools[0]
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        # aiohttp pools connections per (host, port): limit_per_host makes it a keep-alive pool per replica.
-        connector = aiohttp.TCPConnector(
-            limit=0,
-            limit_per_host=settings.pool_connections_per_replica,
-            keepalive_timeout=settings.keepalive_timeout_s,
-        )
-        # auto_decompress off: bytes pass through as the replica sent them (with its Content-Encoding).
-        # DummyCookieJar: a proxy must never keep one client's cookies and send them with another's request.
-        sessions.append(
-            aiohttp.ClientSession(connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+        # A keep-alive pool per replica. Bytes pass through as the replica sent them (no decompression), and
+        # no cookies are kept: a proxy must never send one client's cookies with another's request.
+        pools.append(
+            UpstreamPool(
+                PoolSettings(
+                    max_connections_per_origin=settings.pool_connections_per_replica,
+                    keepalive_timeout_s=settings.keepalive_timeout_s,
+                    connect_timeout_s=settings.connect_timeout_s,
+                    read_timeout_s=settings.idle_read_timeout_s,
+                )
+            )
         )
         await source.start(fleet)
         try:
@@ -60,13 +61,13 @@ def create_app(
         finally:
             await source.stop()
             await fleet.close()
-            await sessions[0].close()
+            await pools[0].close()
 
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[FLEET_KEY] = fleet
     app[METRICS_KEY] = metrics
     app.cleanup_ctx.append(lifecycle)
-    Proxy(settings, fleet, metrics, session, clock=clock).add_routes(app)
+    Proxy(settings, fleet, metrics, upstream, clock=clock).add_routes(app)
     return app
 
 
