@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, get_args
 
 from kvfleet.autoscaler.forecast import (
     HoltSettings,
@@ -63,19 +63,7 @@ Reason = Literal[
     "metrics_stale",
     "clamped",
 ]
-REASONS: tuple[Reason, ...] = (
-    "steady",
-    "scale_up",
-    "panic_scale_up",
-    "forecast_scale_up",
-    "stabilizing",
-    "panic_hold",
-    "scale_down",
-    "scale_to_zero",
-    "wake",
-    "metrics_stale",
-    "clamped",
-)
+REASONS: tuple[Reason, ...] = get_args(Reason)
 
 
 @dataclass(frozen=True)
