@@ -7,11 +7,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
-from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvfleet.router.errors import (
@@ -23,6 +21,7 @@ from kvfleet.router.errors import (
     UpstreamError,
 )
 from kvfleet.router.fleet import Fleet, Lease
+from kvfleet.router.http_server import Headers, HttpRequest, Responder
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.prompt import block_hashes, render_prompt
 from kvfleet.router.settings import RouterSettings
@@ -38,7 +37,7 @@ from kvfleet.router.upstream import (
 
 log = logging.getLogger(__name__)
 
-# Per-connection headers (RFC 9110 7.6.1) and the ones aiohttp computes itself.
+# Per-connection headers (RFC 9110 7.6.1) and the ones the router's server writes itself.
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -56,7 +55,7 @@ _HOP_BY_HOP = frozenset(
         "date",
     }
 )
-# Not forwarded upstream either: the router answers ``Expect: 100-continue`` itself (aiohttp does), and the
+# Not forwarded upstream either: the router's server answers ``Expect: 100-continue`` itself, and the
 # request it sends is complete.
 _NOT_FORWARDED = _HOP_BY_HOP | {"expect"}
 _NOT_FORWARDED_RAW = frozenset(name.encode() for name in _NOT_FORWARDED | {"x-forwarded-for"})
@@ -64,10 +63,17 @@ _NOT_FORWARDED_RAW = frozenset(name.encode() for name in _NOT_FORWARDED | {"x-fo
 CLIENT_CLOSED = 499
 
 
-def error_response(error: RouterError) -> web.Response:
-    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
+_JSON = ("Content-Type", "application/json")
+
+
+def send_json(responder: Responder, status: int, obj: object, extra: Headers = ()) -> None:
+    responder.send(status, [_JSON, *extra], json.dumps(obj).encode())
+
+
+def send_error(responder: Responder, error: RouterError) -> None:
+    extra = [("Retry-After", str(error.retry_after_s))] if error.retry_after_s is not None else []
     body = {"error": {"message": error.reason, "type": error.kind, "code": error.status}}
-    return web.json_response(body, status=error.status, headers=headers)
+    send_json(responder, error.status, body, extra)
 
 
 def parse_body(raw: bytes) -> tuple[dict[str, Any], str]:
@@ -90,7 +96,7 @@ class Proxy:
         settings: RouterSettings,
         fleet: Fleet,
         metrics: RouterMetrics,
-        upstream: Callable[[], UpstreamPool],
+        upstream: UpstreamPool,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -99,43 +105,54 @@ class Proxy:
         self._metrics = metrics
         self._upstream = upstream
         self._clock = clock
+        self._routes: dict[str, tuple[str, Callable[[HttpRequest, Responder], Awaitable[None]]]] = {
+            "/v1/completions": ("POST", self.inference),
+            "/v1/chat/completions": ("POST", self.inference),
+            "/v1/models": ("GET", self.models),
+            "/health": ("GET", self.health),
+            "/metrics": ("GET", self.metrics),
+        }
 
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_post("/v1/completions", self.inference)
-        app.router.add_post("/v1/chat/completions", self.inference)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics)
+    async def handle(self, request: HttpRequest, responder: Responder) -> None:
+        """The server's one handler: dispatch on method and path."""
+        route = self._routes.get(request.path)
+        if route is None:
+            send_json(responder, 404, {"error": {"message": f"no route {request.path}", "code": 404}})
+            return
+        method, handler = route
+        if request.method != method:
+            extra = [("Allow", method)]
+            send_json(responder, 405, {"error": {"message": f"use {method} for {request.path}", "code": 405}}, extra)
+            return
+        await handler(request, responder)
 
     # -- small endpoints -----------------------------------------------------------------------
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: HttpRequest, responder: Responder) -> None:
         data = [
             {"id": view.served_name, "object": "model", "owned_by": "kvfleet", "root": view.name}
             for view in sorted(self._fleet.models(), key=lambda v: v.served_name)
         ]
-        return web.json_response({"object": "list", "data": data})
+        send_json(responder, 200, {"object": "list", "data": data})
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def health(self, request: HttpRequest, responder: Responder) -> None:
+        send_json(responder, 200, {"status": "ok"})
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics(self, request: HttpRequest, responder: Responder) -> None:
+        responder.send(200, [("Content-Type", CONTENT_TYPE_LATEST)], self._metrics.render())
 
     # -- inference -----------------------------------------------------------------------------
 
-    async def inference(self, request: web.Request) -> web.StreamResponse:
+    async def inference(self, request: HttpRequest, responder: Responder) -> None:
         started_s = self._clock()
         model_label = ""  # only known served names become label values
         code = 500
         try:
-            try:
-                raw = await request.read()
-            except web.HTTPRequestEntityTooLarge:
+            if request.body_too_large:
                 raise PayloadTooLargeError(
                     f"request body is larger than the router's limit of {self._settings.max_body_bytes} bytes"
-                ) from None
-            body, model = parse_body(raw)
+                )
+            body, model = parse_body(request.body)
             block_chars = self._fleet.routing_block_chars(model)
             model_label = model
             hashes = block_hashes(
@@ -144,14 +161,12 @@ class Proxy:
                 block_chars=block_chars,
                 max_blocks=self._settings.max_prompt_blocks,
             )
-            response = await self._forward(request, model, raw, hashes, started_s)
-            code = response.status
-            return response
+            code = await self._forward(request, responder, model, hashes, started_s)
         except RouterError as e:
             code = e.status
             if e.status >= 500:
                 log.warning("%s %s: %s", request.path, model_label or "-", e.reason)
-            return error_response(e)
+            send_error(responder, e)
         except asyncio.CancelledError:
             code = CLIENT_CLOSED
             raise
@@ -159,8 +174,9 @@ class Proxy:
             self._metrics.child(self._metrics.requests, model_label, str(code)).inc()
 
     async def _forward(
-        self, request: web.Request, model: str, raw: bytes, hashes: list[int], started_s: float
-    ) -> web.StreamResponse:
+        self, request: HttpRequest, responder: Responder, model: str, hashes: list[int], started_s: float
+    ) -> int:
+        """Send to a replica (retrying elsewhere while nothing was relayed) and relay; returns the status."""
         headers = _forward_headers(request)
         tried: set[str] = set()
         failures: list[str] = []
@@ -169,7 +185,7 @@ class Proxy:
             if attempt:
                 self._metrics.child(self._metrics.retries, model).inc()
             try:
-                upstream, first = await self._attempt(lease, request.path_qs, raw, headers)
+                upstream, first = await self._attempt(lease, request.path_qs, request.body, headers)
             except UpstreamAttemptError as e:
                 lease.release("failed")
                 tried.add(lease.replica_id)
@@ -178,7 +194,8 @@ class Proxy:
             except BaseException:
                 lease.release("aborted")
                 raise
-            return await self._relay(request, model, lease, upstream, first, started_s)
+            await self._relay(responder, model, lease, upstream, first, started_s)
+            return upstream.status
         raise UpstreamError(
             f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
         )
@@ -186,7 +203,7 @@ class Proxy:
     async def _attempt(self, lease: Lease, path_qs: str, raw: bytes, headers: bytes) -> tuple[UpstreamResponse, bytes]:
         """Send the request and read its first body bytes: everything here may still be retried."""
         try:
-            upstream = await self._upstream().post(lease.url, path_qs, headers, raw)
+            upstream = await self._upstream.post(lease.url, path_qs, headers, raw)
         except UpstreamTimeoutError as e:
             # Connected and sent, then silence: the replica may still be working on it, so no retry.
             raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
@@ -210,34 +227,29 @@ class Proxy:
 
     async def _relay(
         self,
-        request: web.Request,
+        responder: Responder,
         model: str,
         lease: Lease,
         upstream: UpstreamResponse,
         first: bytes,
         started_s: float,
-    ) -> web.StreamResponse:
+    ) -> None:
         """Pass the replica's answer to the client as it arrives; the request is committed now."""
         outcome = "aborted"
         clean_end = False
         try:
             is_sse = upstream.content_type == "text/event-stream"
+            headers = _response_headers(upstream)
+            headers.append(("X-Kvfleet-Replica", lease.replica_id))
             if not is_sse and upstream.at_eof():
                 # The whole body came in the first read (the usual non-streaming answer): one write.
-                headers = _response_headers(upstream)
-                headers["X-Kvfleet-Replica"] = lease.replica_id
-                whole = web.Response(status=upstream.status, reason=upstream.reason, body=first, headers=headers)
+                responder.send(upstream.status, headers, first, reason=upstream.reason)
                 self._metrics.child(self._metrics.ttft, model).observe(self._clock() - started_s)
                 outcome = "ok"
                 clean_end = True
-                return whole
-            response = web.StreamResponse(
-                status=upstream.status, reason=upstream.reason, headers=_response_headers(upstream)
-            )
-            if upstream.content_length is not None and not is_sse:
-                response.content_length = upstream.content_length
-            response.headers["X-Kvfleet-Replica"] = lease.replica_id
-            await response.prepare(request)
+                return
+            length = upstream.content_length if not is_sse else None
+            responder.start(upstream.status, headers, content_length=length, reason=upstream.reason)
             self._metrics.child(self._metrics.ttft, model).observe(self._clock() - started_s)
             splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
             chunk = first
@@ -245,25 +257,25 @@ class Proxy:
                 while chunk:
                     out = splitter.feed(chunk) if splitter else chunk
                     if out:
-                        await response.write(out)
+                        await responder.write(out)
                     chunk = await upstream.readany()
             except UpstreamIOError as e:
                 outcome = "failed"
                 log.warning("replica %s broke a started response: %r", lease.replica_id, e)
                 if splitter is None:
-                    # A plain body cannot carry an error now: abort the connection so the client sees a
+                    # A plain body cannot carry an error now: drop the connection so the client sees a
                     # truncated transfer instead of a short body that looks complete.
-                    raise _AbortConnection from e
+                    responder.abort()
+                    return
                 splitter.discard()
-                await response.write(error_event(f"replica {lease.replica_id} failed mid-stream: {e!r}"))
-                await response.write_eof()
-                return response
+                await responder.write(error_event(f"replica {lease.replica_id} failed mid-stream: {e!r}"))
+                responder.end()
+                return
             if splitter is not None and (rest := splitter.flush()):
-                await response.write(rest)
-            await response.write_eof()
+                await responder.write(rest)
+            responder.end()
             outcome = "ok"
             clean_end = True
-            return response
         finally:
             if clean_end:
                 upstream.release()  # fully read: the connection goes back to the keep-alive pool
@@ -272,19 +284,11 @@ class Proxy:
             lease.release(outcome)
 
 
-class _AbortConnection(Exception):
-    """Raised after the response started, so aiohttp drops the connection instead of ending it cleanly."""
+def _response_headers(upstream: UpstreamResponse) -> list[tuple[str, str]]:
+    return [(name, value) for name, value in upstream.headers.items() if name.lower() not in _HOP_BY_HOP]
 
 
-def _response_headers(upstream: UpstreamResponse) -> CIMultiDict[str]:
-    headers: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.headers.items():
-        if name.lower() not in _HOP_BY_HOP:
-            headers.add(name, value)
-    return headers
-
-
-def _forward_headers(request: web.Request) -> bytes:
+def _forward_headers(request: HttpRequest) -> bytes:
     """The client's end-to-end headers as ``Name: value\r\n`` lines, with X-Forwarded-For extended."""
     lines: list[bytes] = []
     prior = b""
@@ -294,6 +298,6 @@ def _forward_headers(request: web.Request) -> bytes:
             prior = value if not prior else prior + b", " + value
         elif lower not in _NOT_FORWARDED_RAW:
             lines.append(name + b": " + value + b"\r\n")
-    peer = (request.remote or "").encode("latin-1")
+    peer = request.remote.encode("latin-1")
     lines.append(b"X-Forwarded-For: " + (prior + b", " + peer if prior else peer) + b"\r\n")
     return b"".join(lines)

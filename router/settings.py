@@ -35,6 +35,9 @@ class RouterSettings(BaseModel):
     keepalive_timeout_s: float = Field(
         default=30.0, gt=0, le=600, description="Idle keep-alive connections are closed after this."
     )
+    client_keepalive_timeout_s: float = Field(
+        default=75.0, gt=0, le=3600, description="Idle client connections are closed after this."
+    )
     max_attempts: int = Field(
         default=3,
         ge=1,
