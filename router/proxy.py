@@ -285,7 +285,7 @@ class Proxy:
 
 
 def _response_headers(upstream: UpstreamResponse) -> list[tuple[str, str]]:
-    return [(name, value) for name, value in upstream.headers.items() if name.lower() not in _HOP_BY_HOP]
+    return [(name, value) for name, value in upstream.headers if name.lower() not in _HOP_BY_HOP]
 
 
 def _forward_headers(request: HttpRequest) -> bytes:

@@ -21,7 +21,6 @@ from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
-from multidict import CIMultiDict
 
 # Body bytes buffered from a replica before reading from its socket pauses (backpressure from a slow client).
 HIGH_WATER_BYTES = 256 * 1024
@@ -148,7 +147,7 @@ class UpstreamResponse:
         self._loop = asyncio.get_running_loop()
         self.status = 0
         self.reason = ""
-        self.headers: CIMultiDict[str] = CIMultiDict()
+        self.headers: list[tuple[str, str]] = []  # as sent, in order (a list: cheaper than a multidict per response)
         self.content_type = "application/octet-stream"
         self.content_length: int | None = None
         self._raw_headers: list[tuple[bytes, bytes]] = []
@@ -178,7 +177,7 @@ class UpstreamResponse:
         chunked = False
         for name, value in self._raw_headers:
             key, text = name.decode("latin-1"), value.decode("latin-1")
-            self.headers.add(key, text)
+            self.headers.append((key, text))
             lower = key.lower()
             if lower == "content-type":
                 self.content_type = text.partition(";")[0].strip().lower() or self.content_type
