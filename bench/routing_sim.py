@@ -203,7 +203,7 @@ def sticky_hash(n_replicas: int, key_blocks: int = 2, vnodes: int = 100) -> Rout
 def kvfleet(cache_blocks: int, bound: float) -> Router:
     index = PrefixIndex(cache_blocks)
     routing = RoutingSpec(prefix_block_chars=BLOCK_CHARS, load_imbalance_bound=bound)
-    strategy = build_strategy(routing, index, load_penalty=0.5)
+    strategy = build_strategy(routing, index, load_penalty_blocks=4)
 
     def route(req: Request, engines: list[Engine]) -> int:
         candidates = [Candidate(str(i), e.assigned) for i, e in enumerate(engines)]
