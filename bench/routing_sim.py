@@ -1,13 +1,21 @@
 """Trace-driven simulation of routing strategies over N engine replicas.
 
 Each replica is modelled as an engine with an exact LRU prefix cache (block hashes, tails evicted
-first, as vLLM frees them) and ``slots`` concurrent sequences; a request's modelled TTFT is its wait
-for a slot plus the prefill of its uncached tokens. The strategies are round-robin, least-load,
-sticky consistent hashing on the prompt's first blocks (no load bound, like KubeAI's CHWBL without
-its bound), and kvfleet's own picker -- the real ``kvfleet.router.picking`` code, not a copy.
+first, as vLLM frees them) and a queue; a request's modelled TTFT is its wait in the queue plus the
+prefill of its uncached tokens. The strategies are round-robin, least-load, sticky consistent hashing
+(no load bound, like KubeAI's CHWBL without its bound), and kvfleet's own picker -- the real
+``kvfleet.router.picking`` code, not a copy.
 
-    .venv/bin/python bench/routing_sim.py                # default sizes, ~1 minute
-    .venv/bin/python bench/routing_sim.py --requests 20000 --replicas 16
+Two variants, both reported (docs/benchmarks/router.md section 1 says why each exists):
+
+- ``h100``: replicas are Llama-3.1-8B on one H100 80GB: the KV cache size is derived from the model
+  and the GPU (below), prefill is compute-bound and served in arrival order, and each shared-prefix
+  workload's working set is sized to exceed one replica's cache but fit the fleet's.
+- ``small``: the earlier configuration (2048 blocks of 128 chars, ~64k tokens per replica; small
+  workloads that mostly fit one replica), the regime where every strategy already hits.
+
+    .venv/bin/python bench/routing_sim.py                # both variants, ~3 minutes
+    .venv/bin/python bench/routing_sim.py --variant h100 --requests 30000 --replicas 16
 
 Writes docs/benchmarks/router_sim.{json,md,png}.
 """
@@ -21,10 +29,11 @@ import heapq
 import json
 import random
 import statistics
+import string
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kvfleet.router.picking import Candidate, PickRequest, build_strategy
@@ -35,31 +44,90 @@ from kvfleet.spec import RoutingSpec
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 BLOCK_CHARS = 128
 CHARS_PER_TOKEN = 4
+BLOCK_TOKENS = BLOCK_CHARS // CHARS_PER_TOKEN
 MODEL = "sim"
+LOAD_PENALTY_BLOCKS = 4.0  # RouterSettings.load_penalty_blocks' default
+
+# -- the h100 variant's replica: Llama-3.1-8B BF16 on one H100 SXM 80GB under vLLM ---------------
+# The same figures as docs/benchmarks/autoscaler.md. KV per token: 32 layers x 8 KV heads x 128 head
+# dim x 2 (K and V) x 2 bytes = 128 KiB. vLLM gives the KV cache gpu_memory_utilization (0.9, its
+# default) of the GPU minus the weights (8.03B parameters x 2 bytes): (72 GB - 16.06 GB) / 128 KiB
+# = ~427k tokens. Prefill is compute-bound: 2 x 8B FLOP per token at ~50% of the H100's 989 dense
+# BF16 TFLOPS = ~30k tokens/s. Decode steps take ~7 ms + 0.05 ms per running sequence, ~10 ms at
+# the ~50-60 sequences a replica runs here; 200 output tokens per request.
+H100_BYTES = 80e9
+GPU_MEMORY_UTILISATION = 0.9
+WEIGHT_BYTES = 8.03e9 * 2
+KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+H100_KV_TOKENS = int((H100_BYTES * GPU_MEMORY_UTILISATION - WEIGHT_BYTES) / KV_BYTES_PER_TOKEN)
+H100_PREFILL_TOKENS_PER_S = 30_000
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """How one replica serves: ``slots`` requests at once; a slot is held for prefill, or prefill and decode."""
+
+    cache_blocks: int
+    slots: int
+    decode_holds_slot: bool  # False: decode runs beside later prefills (vLLM's continuous batching)
+    prefill_s_per_token: float
+    decode_s_per_token: float
+    output_tokens: int
+
+    def slot_s(self, prompt_tokens: float) -> float:
+        """How long one request holds a slot when nothing is cached."""
+        prefill = prompt_tokens * self.prefill_s_per_token
+        return prefill + (self.output_tokens * self.decode_s_per_token if self.decode_holds_slot else 0.0)
+
+
+H100_ENGINE = EngineModel(
+    cache_blocks=H100_KV_TOKENS // BLOCK_TOKENS,
+    # Prefill is compute-bound: one at a time at the GPU's full rate (chunked prefill interleaves
+    # several, but their total rate is the same and vLLM schedules them first come, first served).
+    slots=1,
+    decode_holds_slot=False,
+    prefill_s_per_token=1 / H100_PREFILL_TOKENS_PER_S,
+    decode_s_per_token=0.010,
+    output_tokens=200,
+)
+SMALL_ENGINE = EngineModel(
+    cache_blocks=2048,  # ~64k tokens: the earlier configuration, kept as the small-working-set variant
+    slots=8,
+    decode_holds_slot=True,
+    prefill_s_per_token=0.0002,
+    decode_s_per_token=0.01,
+    output_tokens=64,
+)
 
 
 @dataclass(frozen=True)
 class Params:
+    variant: str
     replicas: int
     requests: int
-    cache_blocks: int  # per replica: 2048 blocks x 32 tokens = 64k tokens of KV (a 70B model on 2 H100s)
-    slots: int  # concurrent sequences per replica
-    prefill_s_per_token: float
-    decode_s_per_token: float
-    output_tokens: int
+    warmup_requests: int  # served but not measured: caches start empty
+    engine: EngineModel
     utilisation: float  # offered load as a fraction of the fleet's capacity with no cache hits
     seed: int
     bound: float  # kvfleet's loadImbalanceBound
+    load_penalty_blocks: float
 
 
 @dataclass
 class Request:
     arrival_s: float
-    prompt: str
+    chars: int
+    key: str  # what sticky hashing hashes
     hashes: list[int] = field(default_factory=list)
 
 
 # -- workloads --------------------------------------------------------------------------------------
+# A workload makes (prompt, affinity key) pairs. The small variant's generators are the earlier ones,
+# unchanged (their sticky key is the prompt's first two blocks); the h100 ones give the key an
+# application would send in a session header (tenant, conversation, document), the strongest form of
+# sticky hashing.
+
+Workload = Callable[[random.Random, int], list[tuple[str, str]]]
 
 
 def words(rng: random.Random, n_chars: int) -> str:
@@ -72,18 +140,37 @@ def words(rng: random.Random, n_chars: int) -> str:
     return " ".join(out)[:n_chars]
 
 
+def text(rng: random.Random, n_chars: int) -> str:
+    """Random text, faster than ``words`` for the h100 variant's long prompts."""
+    letters = rng.choices(string.ascii_lowercase + " ", k=n_chars)
+    return "".join(letters)
+
+
 def zipf_choice(rng: random.Random, n: int, s: float = 1.1) -> int:
     weights = [1 / (i + 1) ** s for i in range(n)]
     return rng.choices(range(n), weights)[0]
 
 
-def multi_tenant(rng: random.Random, n: int) -> list[str]:
+def zipf_sampler(rng: random.Random, n: int, s: float) -> Callable[[], int]:
+    cum: list[float] = []
+    total = 0.0
+    for i in range(n):
+        total += 1 / (i + 1) ** s
+        cum.append(total)
+    return lambda: bisect.bisect(cum, rng.random() * total)
+
+
+def by_prefix(prompts: list[str]) -> list[tuple[str, str]]:
+    return [(x, x[: 2 * BLOCK_CHARS]) for x in prompts]
+
+
+def multi_tenant(rng: random.Random, n: int) -> list[tuple[str, str]]:
     # 128 tenants' system prompts (~2000 tokens each) are ~4x one replica's cache but fit the fleet's.
     tenants = [f"[tenant {t}] " + words(rng, 8000) for t in range(128)]
-    return [tenants[zipf_choice(rng, 128)] + "\nUser: " + words(rng, 400) for _ in range(n)]
+    return by_prefix([tenants[zipf_choice(rng, 128)] + "\nUser: " + words(rng, 400) for _ in range(n)])
 
 
-def multi_turn_chat(rng: random.Random, n: int) -> list[str]:
+def multi_turn_chat(rng: random.Random, n: int) -> list[tuple[str, str]]:
     system = "You are a helpful assistant. " + words(rng, 200)
     sessions: list[str] = []
     prompts: list[str] = []
@@ -98,10 +185,10 @@ def multi_turn_chat(rng: random.Random, n: int) -> list[str]:
         sessions[s] += "\nAssistant: " + words(rng, 800) + "\nUser: " + words(rng, 300)
         if len(sessions[s]) > 24_000:
             active.remove(s)
-    return prompts
+    return by_prefix(prompts)
 
 
-def rag(rng: random.Random, n: int) -> list[str]:
+def rag(rng: random.Random, n: int) -> list[tuple[str, str]]:
     system = "Answer from the documents below. " + words(rng, 200)
     docs = [f"<doc {d}> " + words(rng, 4000) for d in range(300)]
     prompts = []
@@ -112,25 +199,95 @@ def rag(rng: random.Random, n: int) -> list[str]:
             if d not in picked:
                 picked.append(d)
         prompts.append(system + "".join(docs[d] for d in picked) + "\nQuestion: " + words(rng, 300))
+    return by_prefix(prompts)
+
+
+def nothing_shared(rng: random.Random, n: int) -> list[tuple[str, str]]:
+    return by_prefix([f"{i} " + words(rng, rng.randint(2000, 9000)) for i in range(n)])
+
+
+# The h100 variant's sizes follow one rule, fixed before any run: each shared-prefix workload's
+# working set is ~5-6x one replica's KV cache (~427k tokens) and ~0.6-0.75x the 8-replica fleet's
+# (~3.4M tokens) -- too big for any one replica, small enough for the fleet if each replica holds its
+# own share, the regime prefix-aware routing exists for. docs/benchmarks/router.md gives the sources.
+T = CHARS_PER_TOKEN
+
+
+def multi_tenant_h100(rng: random.Random, n: int) -> list[tuple[str, str]]:
+    # 800 tenants (apps / agents) with system prompts of 1k-5k tokens (instructions, tool schemas,
+    # few-shot examples; providers' prompt caches start at 1024 tokens), Zipf(1.0) popularity:
+    # ~2.4M tokens of system prompts. User messages 50-300 tokens.
+    tenants = [f"[tenant {t}] " + text(rng, rng.randint(1000, 5000) * T) for t in range(800)]
+    tenant = zipf_sampler(rng, len(tenants), 1.0)
+    out = []
+    for _ in range(n):
+        t = tenant()
+        out.append((tenants[t] + "\nUser: " + text(rng, rng.randint(50, 300) * T), f"tenant-{t}"))
+    return out
+
+
+def multi_turn_chat_h100(rng: random.Random, n: int) -> list[tuple[str, str]]:
+    # A 500-token system prompt shared by all; turns of a 100-token user message and a 300-token
+    # reply; a conversation ends after each turn with probability 0.15 (~6.7 turns) or at 8k tokens.
+    # 1000 conversations open at once, ~1.9k tokens each on average: ~1.9M tokens of histories (at
+    # this variant's ~100 req/s a user sends the next turn ~10 s after the last: quick, like agents).
+    system = "You are a helpful assistant. " + text(rng, 500 * T)
+    sessions: dict[int, str] = {}
+    prompts: list[tuple[str, str]] = []
+    next_id = 0
+    for _ in range(n):
+        while len(sessions) < 1000:
+            sessions[next_id] = system + "\nUser: " + text(rng, 100 * T)
+            next_id += 1
+        s = rng.choice(list(sessions))
+        prompts.append((sessions[s], f"conversation-{s}"))
+        sessions[s] += "\nAssistant: " + text(rng, 300 * T) + "\nUser: " + text(rng, 100 * T)
+        if rng.random() < 0.15 or len(sessions[s]) > 8000 * T:
+            del sessions[s]
     return prompts
 
 
-def nothing_shared(rng: random.Random, n: int) -> list[str]:
-    return [f"{i} " + words(rng, rng.randint(2000, 9000)) for i in range(n)]
+def rag_h100(rng: random.Random, n: int) -> list[tuple[str, str]]:
+    # Questions over a shared corpus of 500 documents of 2k-8k tokens (~2.5M tokens), one retrieved
+    # document per request placed right after a short shared instruction (only a prompt's leading
+    # blocks can be shared, so cache-friendly RAG puts the document first); document popularity
+    # Zipf(0.8), the skew measured for web documents (Breslau et al., INFOCOM 1999: 0.64-0.83).
+    # Questions 20-100 tokens.
+    system = "Answer from the document below. " + text(rng, 50 * T)
+    docs = [f"<doc {d}> " + text(rng, rng.randint(2000, 8000) * T) for d in range(500)]
+    doc = zipf_sampler(rng, len(docs), 0.8)
+    out = []
+    for _ in range(n):
+        d = doc()
+        out.append((system + docs[d] + "\nQuestion: " + text(rng, rng.randint(20, 100) * T), f"doc-{d}"))
+    return out
 
 
-WORKLOADS: dict[str, Callable[[random.Random, int], list[str]]] = {
-    "multi-tenant system prompts": multi_tenant,
-    "multi-turn chat": multi_turn_chat,
-    "RAG over shared documents": rag,
-    "nothing shared": nothing_shared,
+def nothing_shared_h100(rng: random.Random, n: int) -> list[tuple[str, str]]:
+    return [(x, x[: 2 * BLOCK_CHARS]) for x in (f"{i} " + text(rng, rng.randint(500, 2250) * T) for i in range(n))]
+
+
+WORKLOADS: dict[str, dict[str, Workload]] = {
+    "h100": {
+        "multi-tenant system prompts": multi_tenant_h100,
+        "multi-turn chat": multi_turn_chat_h100,
+        "RAG over shared documents": rag_h100,
+        "nothing shared": nothing_shared_h100,
+    },
+    "small": {
+        "multi-tenant system prompts": multi_tenant,
+        "multi-turn chat": multi_turn_chat,
+        "RAG over shared documents": rag,
+        "nothing shared": nothing_shared,
+    },
 }
+DEFAULT_REQUESTS = {"h100": (12_000, 4_000), "small": (4_000, 0)}  # (requests, of which warm-up)
 
 # -- replicas ---------------------------------------------------------------------------------------
 
 
 class Engine:
-    """An engine replica: an exact LRU prefix cache and ``slots`` concurrent sequences."""
+    """An engine replica: an exact LRU prefix cache, ``slots`` requests served at once, a FIFO queue."""
 
     def __init__(self, cache_blocks: int, slots: int) -> None:
         self.cache: OrderedDict[int, None] = OrderedDict()
@@ -138,7 +295,7 @@ class Engine:
         self.slots = slots
         self.running = 0
         self.waiting: deque[tuple[float, Request]] = deque()
-        self.assigned = 0  # queued + running: the load the router sees
+        self.assigned = 0  # queued + running + decoding: the in-flight count the router sees
         self.served = 0
 
     def hit_blocks(self, hashes: list[int]) -> int:
@@ -184,7 +341,7 @@ def least_load() -> Router:
     return route
 
 
-def sticky_hash(n_replicas: int, key_blocks: int = 2, vnodes: int = 100) -> Router:
+def sticky_hash(n_replicas: int, vnodes: int = 100) -> Router:
     ring = sorted(
         (int.from_bytes(hashlib.blake2b(f"{r}-{v}".encode(), digest_size=8).digest(), "big"), r)
         for r in range(n_replicas)
@@ -193,17 +350,16 @@ def sticky_hash(n_replicas: int, key_blocks: int = 2, vnodes: int = 100) -> Rout
     points = [p for p, _ in ring]
 
     def route(req: Request, engines: list[Engine]) -> int:
-        key = req.prompt[: key_blocks * BLOCK_CHARS].encode()
-        h = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+        h = int.from_bytes(hashlib.blake2b(req.key.encode(), digest_size=8).digest(), "big")
         return ring[bisect.bisect(points, h) % len(ring)][1]
 
     return route
 
 
-def kvfleet(cache_blocks: int, bound: float) -> Router:
+def kvfleet(cache_blocks: int, bound: float, load_penalty_blocks: float) -> Router:
     index = PrefixIndex(cache_blocks)
     routing = RoutingSpec(prefix_block_chars=BLOCK_CHARS, load_imbalance_bound=bound)
-    strategy = build_strategy(routing, index, load_penalty=0.5)
+    strategy = build_strategy(routing, index, load_penalty_blocks=load_penalty_blocks)
 
     def route(req: Request, engines: list[Engine]) -> int:
         candidates = [Candidate(str(i), e.assigned) for i, e in enumerate(engines)]
@@ -219,54 +375,63 @@ def kvfleet(cache_blocks: int, bound: float) -> Router:
 
 
 def simulate(requests: list[Request], route: Router, p: Params) -> dict[str, float]:
-    engines = [Engine(p.cache_blocks, p.slots) for _ in range(p.replicas)]
+    """Replay the trace; requests before ``p.warmup_requests`` warm the caches and are not measured."""
+    m = p.engine
+    engines = [Engine(m.cache_blocks, m.slots) for _ in range(p.replicas)]
+    # (time, seq, kind, replica, request): "arrive"; "slot" frees a slot; "finish" ends the request
     events: list[tuple[float, int, str, int, Request | None]] = []
     seq = 0
     for req in requests:
         heapq.heappush(events, (req.arrival_s, seq, "arrive", -1, req))
         seq += 1
+    measured_from_s = requests[p.warmup_requests].arrival_s
     ttft: list[float] = []
     hit_tokens = 0
     prompt_tokens = 0
     inflight_samples: list[float] = []
+    served = [0] * p.replicas
 
     def start(i: int, now: float, req: Request) -> None:
         nonlocal seq, hit_tokens, prompt_tokens
         engine = engines[i]
         engine.running += 1
-        tokens = len(req.hashes) * BLOCK_CHARS // CHARS_PER_TOKEN + (len(req.prompt) % BLOCK_CHARS) // CHARS_PER_TOKEN
-        hit = engine.hit_blocks(req.hashes) * BLOCK_CHARS // CHARS_PER_TOKEN
+        tokens = len(req.hashes) * BLOCK_TOKENS + (req.chars % BLOCK_CHARS) // CHARS_PER_TOKEN
+        hit = engine.hit_blocks(req.hashes) * BLOCK_TOKENS
         engine.insert(req.hashes)
-        hit_tokens += hit
-        prompt_tokens += tokens
-        prefill = (tokens - hit) * p.prefill_s_per_token
-        ttft.append(now - req.arrival_s + prefill)
-        done = now + prefill + p.output_tokens * p.decode_s_per_token
-        heapq.heappush(events, (done, seq, "finish", i, None))
-        seq += 1
+        prefill = (tokens - hit) * m.prefill_s_per_token
+        if req.arrival_s >= measured_from_s:
+            hit_tokens += hit
+            prompt_tokens += tokens
+            ttft.append(now - req.arrival_s + prefill)
+        done = now + prefill + m.output_tokens * m.decode_s_per_token
+        heapq.heappush(events, (done if m.decode_holds_slot else now + prefill, seq, "slot", i, None))
+        heapq.heappush(events, (done, seq + 1, "finish", i, None))
+        seq += 2
 
     while events:
-        now, _, kind, i, req = heapq.heappop(events)
+        now, _, kind, i, arriving = heapq.heappop(events)
         if kind == "arrive":
-            assert req is not None
+            assert arriving is not None
+            req = arriving
             i = route(req, engines)
             engine = engines[i]
             engine.assigned += 1
-            engine.served += 1
-            loads = [e.assigned for e in engines]
-            inflight_samples.append(max(loads) / (sum(loads) / len(loads)))
+            if req.arrival_s >= measured_from_s:
+                served[i] += 1
+                loads = [e.assigned for e in engines]
+                inflight_samples.append(max(loads) / (sum(loads) / len(loads)))
             if engine.running < engine.slots:
                 start(i, now, req)
             else:
                 engine.waiting.append((now, req))
-        else:
+        elif kind == "slot":
             engine = engines[i]
             engine.running -= 1
-            engine.assigned -= 1
             if engine.waiting:
                 _, queued = engine.waiting.popleft()
                 start(i, now, queued)
-    served = [e.served for e in engines]
+        else:
+            engines[i].assigned -= 1
     ttft.sort()
     return {
         "hit_rate": hit_tokens / prompt_tokens,
@@ -279,70 +444,98 @@ def simulate(requests: list[Request], route: Router, p: Params) -> dict[str, flo
     }
 
 
-def make_trace(name: str, p: Params) -> list[Request]:
+@dataclass(frozen=True)
+class TraceStats:
+    rate_per_s: float
+    mean_prompt_tokens: float
+    reused_prompt_tokens: int  # distinct blocks that occur in two or more prompts, x block size
+
+
+def make_trace(name: str, p: Params) -> tuple[list[Request], TraceStats]:
     rng = random.Random(p.seed)
-    prompts = WORKLOADS[name](rng, p.requests)
+    prompts = WORKLOADS[p.variant][name](rng, p.requests)
     # Offered load: a fraction of what the fleet serves when nothing is cached.
-    mean_tokens = statistics.mean(len(x) for x in prompts) / CHARS_PER_TOKEN
-    service_s = mean_tokens * p.prefill_s_per_token + p.output_tokens * p.decode_s_per_token
-    rate = p.utilisation * p.replicas * p.slots / service_s
+    mean_tokens = statistics.mean(len(x) for x, _ in prompts) / CHARS_PER_TOKEN
+    rate = p.utilisation * p.replicas * p.engine.slots / p.engine.slot_s(mean_tokens)
     t = 0.0
     out = []
-    for prompt in prompts:
+    seen: Counter[int] = Counter()
+    for prompt, key in prompts:
         t += rng.expovariate(rate)
-        out.append(Request(t, prompt, block_hashes(prompt, model=MODEL, block_chars=BLOCK_CHARS, max_blocks=2048)))
-    return out
+        hashes = block_hashes(prompt, model=MODEL, block_chars=BLOCK_CHARS, max_blocks=2048)
+        seen.update(hashes)
+        out.append(Request(t, len(prompt), key, hashes))
+    reused = sum(1 for n in seen.values() if n >= 2)
+    return out, TraceStats(rate, mean_tokens, reused * BLOCK_TOKENS)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--replicas", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--cache-blocks", type=int, default=2048)
-    parser.add_argument("--slots", type=int, default=8)
-    parser.add_argument("--utilisation", type=float, default=0.8)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--bound", type=float, default=1.25, help="kvfleet's loadImbalanceBound")
-    parser.add_argument("--only", default="", help="comma-separated workload names (default: all)")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    p = Params(
-        replicas=args.replicas,
-        requests=args.requests,
-        cache_blocks=args.cache_blocks,
-        slots=args.slots,
-        prefill_s_per_token=0.0002,
-        decode_s_per_token=0.01,
-        output_tokens=64,
-        utilisation=args.utilisation,
-        seed=args.seed,
-        bound=args.bound,
-    )
+Results = dict[str, dict[str, dict[str, float]]]
+
+
+def run_variant(p: Params, only: list[str]) -> tuple[Results, dict[str, TraceStats]]:
     strategies: dict[str, Callable[[], Router]] = {
         "round-robin": round_robin,
         "least-load": least_load,
         "sticky-hash": lambda: sticky_hash(p.replicas),
-        "kvfleet": lambda: kvfleet(p.cache_blocks, p.bound),
+        "kvfleet": lambda: kvfleet(p.engine.cache_blocks, p.bound, p.load_penalty_blocks),
     }
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    started = time.monotonic()
-    chosen = [w for w in WORKLOADS if not args.only or w in args.only.split(",")]
-    for workload in chosen:
-        trace = make_trace(workload, p)
+    results: Results = {}
+    stats: dict[str, TraceStats] = {}
+    for workload in [w for w in WORKLOADS[p.variant] if not only or w in only]:
+        trace, stats[workload] = make_trace(workload, p)
         results[workload] = {}
         for name, factory in strategies.items():
-            results[workload][name] = simulate(trace, factory(), p)
-            r = results[workload][name]
+            r = results[workload][name] = simulate(trace, factory(), p)
             print(
-                f"{workload:28s} {name:12s} hit {r['hit_rate']:.3f} imbalance {r['imbalance_served']:.2f} "
-                f"(in-flight {r['imbalance_inflight']:.2f}) ttft p50 {r['ttft_p50_s'] * 1000:.0f} ms "
-                f"p99 {r['ttft_p99_s'] * 1000:.0f} ms"
+                f"{p.variant:5s} {workload:28s} {name:12s} hit {r['hit_rate']:.3f} "
+                f"imbalance {r['imbalance_served']:.2f} (in-flight {r['imbalance_inflight']:.2f}) "
+                f"ttft p50 {r['ttft_p50_s'] * 1000:.0f} ms p99 {r['ttft_p99_s'] * 1000:.0f} ms",
+                flush=True,
             )
-    elapsed = time.monotonic() - started
-    write(args.out, p, results, elapsed)
+    return results, stats
 
 
-def goals(results: dict[str, dict[str, dict[str, float]]]) -> list[tuple[str, str, bool]]:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", choices=["both", "h100", "small"], default="both")
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=0, help="per workload (default: the variant's)")
+    parser.add_argument("--warmup", type=int, default=-1, help="unmeasured warm-up requests (default: the variant's)")
+    parser.add_argument("--cache-blocks", type=int, default=0, help="per replica (default: the variant's)")
+    parser.add_argument("--utilisation", type=float, default=0.8)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--bound", type=float, default=1.25, help="kvfleet's loadImbalanceBound")
+    parser.add_argument("--load-penalty-blocks", type=float, default=LOAD_PENALTY_BLOCKS)
+    parser.add_argument("--only", default="", help="comma-separated workload names (default: all)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    started = time.monotonic()
+    variants = ["h100", "small"] if args.variant == "both" else [args.variant]
+    runs: dict[str, tuple[Params, Results, dict[str, TraceStats]]] = {}
+    for variant in variants:
+        engine = H100_ENGINE if variant == "h100" else SMALL_ENGINE
+        if args.cache_blocks:
+            engine = EngineModel(**{**asdict(engine), "cache_blocks": args.cache_blocks})
+        requests, warmup = DEFAULT_REQUESTS[variant]
+        requests = args.requests or requests
+        warmup = args.warmup if args.warmup >= 0 else min(warmup, requests // 3)
+        p = Params(
+            variant=variant,
+            replicas=args.replicas,
+            requests=requests,
+            warmup_requests=warmup,
+            engine=engine,
+            utilisation=args.utilisation,
+            seed=args.seed,
+            bound=args.bound,
+            load_penalty_blocks=args.load_penalty_blocks,
+        )
+        results, stats = run_variant(p, [w for w in args.only.split(",") if w])
+        runs[variant] = (p, results, stats)
+    write(args.out, runs, time.monotonic() - started)
+
+
+def goals(results: Results) -> list[tuple[str, str, bool]]:
     out = []
     for workload, r in results.items():
         ours = r["kvfleet"]
@@ -363,74 +556,117 @@ def goals(results: dict[str, dict[str, dict[str, float]]]) -> list[tuple[str, st
         out.append((workload, f"TTFT p50 {speedup:.1f}x better than round-robin (goal >= 2)", speedup >= 2))
         mean_speedup = r["round-robin"]["ttft_mean_s"] / ours["ttft_mean_s"]
         out.append((workload, f"(context) TTFT mean {mean_speedup:.1f}x better than round-robin", mean_speedup >= 2))
+        p99_speedup = r["round-robin"]["ttft_p99_s"] / ours["ttft_p99_s"]
+        out.append((workload, f"(context) TTFT p99 {p99_speedup:.1f}x better than round-robin", p99_speedup >= 2))
     return out
 
 
-def write(out: Path, p: Params, results: dict[str, dict[str, dict[str, float]]], elapsed_s: float) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    checks = goals(results)
-    (out / "router_sim.json").write_text(
-        json.dumps(
-            {
-                "params": p.__dict__,
-                "results": results,
-                "goals": [{"workload": w, "check": c, "met": m} for w, c, m in checks],
-                "elapsed_s": elapsed_s,
-            },
-            indent=2,
+def describe(p: Params) -> str:
+    m = p.engine
+    if p.variant == "h100":
+        engine = (
+            f"Llama-3.1-8B on one H100 each: {m.cache_blocks} cached blocks of {BLOCK_CHARS} chars "
+            f"({m.cache_blocks * BLOCK_TOKENS / 1000:.0f}k tokens of KV), prefill one request at a time at "
+            f"{1 / m.prefill_s_per_token:,.0f} tokens/s, then {m.output_tokens} tokens x "
+            f"{m.decode_s_per_token * 1000:.0f} ms of decode beside later prefills"
         )
+    else:
+        engine = (
+            f"{m.slots} slots each, {m.cache_blocks} cached blocks of {BLOCK_CHARS} chars "
+            f"({m.cache_blocks * BLOCK_TOKENS / 1000:.0f}k tokens), prefill {m.prefill_s_per_token * 1000:.1f} "
+            f"ms/token, {m.output_tokens} tokens x {m.decode_s_per_token * 1000:.0f} ms decode holding the slot"
+        )
+    return (
+        f"Variant `{p.variant}`: {p.replicas} replicas, {engine}; {p.requests} requests per workload "
+        f"({p.warmup_requests} of them unmeasured warm-up) at {p.utilisation:.0%} of the fleet's no-cache "
+        f"capacity (seed {p.seed}); kvfleet with loadImbalanceBound {p.bound:g}, "
+        f"load_penalty_blocks {p.load_penalty_blocks:g}."
     )
-    lines = [
-        f"Simulated {p.replicas} replicas x {p.slots} slots, {p.cache_blocks} cached blocks of {BLOCK_CHARS} chars "
-        f"each, {p.requests} requests per workload at {p.utilisation:.0%} of no-cache capacity (seed {p.seed}); "
-        f"kvfleet with loadImbalanceBound {p.bound:g}.",
-        "",
-        "| workload | strategy | prefix hit rate | imbalance (max/mean served) | in-flight max/mean | "
-        "TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | TTFT mean (ms) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for workload, r in results.items():
-        for name, m in r.items():
+
+
+def write(out: Path, runs: dict[str, tuple[Params, Results, dict[str, TraceStats]]], elapsed_s: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, object] = {"elapsed_s": elapsed_s, "variants": {}}
+    lines: list[str] = []
+    for variant, (p, results, stats) in runs.items():
+        checks = goals(results)
+        fleet_cache_tokens = p.engine.cache_blocks * BLOCK_TOKENS * p.replicas
+        doc["variants"][variant] = {  # type: ignore[index]
+            "params": asdict(p),
+            "trace": {w: asdict(s) for w, s in stats.items()},
+            "results": results,
+            "goals": [{"workload": w, "check": c, "met": m} for w, c, m in checks],
+        }
+        lines += [
+            f"### Variant `{variant}`",
+            "",
+            describe(p),
+            "",
+            "| workload | arrivals (req/s) | mean prompt (tokens) | reused prompt tokens: blocks in 2+ prompts "
+            "(x one replica's cache, x the fleet's) |",
+            "|---|---|---|---|",
+        ]
+        for w, s in stats.items():
             lines.append(
-                f"| {workload} | {name} | {m['hit_rate']:.3f} | {m['imbalance_served']:.2f} | "
-                f"{m['imbalance_inflight']:.2f} | {m['ttft_p50_s'] * 1000:.0f} | {m['ttft_p90_s'] * 1000:.0f} | "
-                f"{m['ttft_p99_s'] * 1000:.0f} | {m['ttft_mean_s'] * 1000:.0f} |"
+                f"| {w} | {s.rate_per_s:.1f} | {s.mean_prompt_tokens:.0f} | {s.reused_prompt_tokens / 1e6:.2f}M "
+                f"({s.reused_prompt_tokens * p.replicas / fleet_cache_tokens:.1f}x, "
+                f"{s.reused_prompt_tokens / fleet_cache_tokens:.2f}x) |"
             )
-    lines += ["", "| workload | goal | met |", "|---|---|---|"]
-    lines += [f"| {w} | {c} | {'yes' if m else 'NO'} |" for w, c, m in checks]
-    (out / "router_sim.md").write_text("\n".join(lines) + "\n")
-    plot(out / "router_sim.png", results)
+        lines += [
+            "",
+            "| workload | strategy | prefix hit rate | imbalance (max/mean served) | in-flight max/mean | "
+            "TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | TTFT mean (ms) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for workload, r in results.items():
+            for name, m in r.items():
+                lines.append(
+                    f"| {workload} | {name} | {m['hit_rate']:.3f} | {m['imbalance_served']:.2f} | "
+                    f"{m['imbalance_inflight']:.2f} | {m['ttft_p50_s'] * 1000:.0f} | {m['ttft_p90_s'] * 1000:.0f} | "
+                    f"{m['ttft_p99_s'] * 1000:.0f} | {m['ttft_mean_s'] * 1000:.0f} |"
+                )
+        lines += ["", "| workload | goal | met |", "|---|---|---|"]
+        lines += [f"| {w} | {c} | {'yes' if m else 'NO'} |" for w, c, m in checks]
+        lines.append("")
+    (out / "router_sim.json").write_text(json.dumps(doc, indent=2))
+    (out / "router_sim.md").write_text("\n".join(lines))
+    plot(out / "router_sim.png", {v: r for v, (_, r, _) in runs.items()})
     print("\n".join(lines))
 
 
-def plot(path: Path, results: dict[str, dict[str, dict[str, float]]]) -> None:
+def plot(path: Path, runs: dict[str, Results]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workloads = list(results)
-    strategies = list(next(iter(results.values())))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     metrics = [
         ("hit_rate", "prefix hit rate"),
-        ("imbalance_served", "load imbalance (max/mean)"),
+        ("imbalance_served", "load imbalance (max/mean served)"),
         ("ttft_p50_s", "TTFT p50 (s)"),
+        ("ttft_p99_s", "TTFT p99 (s)"),
     ]
-    width = 0.8 / len(strategies)
-    for ax, (key, title) in zip(axes, metrics, strict=True):
-        for j, s in enumerate(strategies):
-            ax.bar(
-                [i + j * width for i in range(len(workloads))], [results[w][s][key] for w in workloads], width, label=s
-            )
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(workloads))])
-        ax.set_xticklabels([w.replace(" ", "\n", 1) for w in workloads], fontsize=8)
-        ax.set_title(title)
-        if key.startswith("ttft"):
-            ax.set_yscale("log")
-    axes[0].legend(fontsize=8)
+    fig, axes = plt.subplots(len(runs), len(metrics), figsize=(20, 4.5 * len(runs)), squeeze=False)
+    for row, (variant, results) in zip(axes, runs.items(), strict=True):
+        workloads = list(results)
+        strategies = list(next(iter(results.values())))
+        width = 0.8 / len(strategies)
+        for ax, (key, title) in zip(row, metrics, strict=True):
+            for j, s in enumerate(strategies):
+                ax.bar(
+                    [i + j * width for i in range(len(workloads))],
+                    [results[w][s][key] for w in workloads],
+                    width,
+                    label=s,
+                )
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(workloads))])
+            ax.set_xticklabels([w.replace(" ", "\n", 1) for w in workloads], fontsize=8)
+            ax.set_title(f"{variant}: {title}")
+            if key.startswith("ttft"):
+                ax.set_yscale("log")
+        row[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ class Fleet:
         model.index.retain(wanted)
 
     def _strategy(self, view: DeploymentView, index: PrefixIndex) -> Strategy:
-        return build_strategy(view.routing, index, load_penalty=self._settings.load_penalty)
+        return build_strategy(view.routing, index, load_penalty_blocks=self._settings.load_penalty_blocks)
 
     # -- queries ---------------------------------------------------------------------------------
 

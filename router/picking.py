@@ -3,7 +3,10 @@
 Contracts:
 - A ``Filter`` returns a subset of its input. A ``required`` filter that leaves none means there is no
   candidate at all; any other filter that leaves none is skipped (the fallback is the next best).
-- A ``Scorer`` is read-only and returns a score in [0, 1] per candidate (higher is better).
+- A ``Scorer`` is read-only and returns a score per candidate (higher is better). The strategy adds
+  scores times their weights, so scorers weighed against each other share one unit: the prefix
+  strategy counts prompt blocks (blocks of prefill a replica saves, against in-flight requests
+  priced in blocks of prefill each).
 - A ``Picker`` chooses one candidate given the weighted total scores.
 Nothing here does I/O or reads a clock: the fleet passes in each replica's in-flight count and state,
 and records the pick in the prefix index only after this returns.
@@ -109,16 +112,33 @@ class BoundedLoadFilter:
 
 @dataclass
 class PrefixScorer:
-    """Fraction of the prompt's leading blocks the replica holds, by the prefix index."""
+    """Leading blocks of the prompt the replica holds, by the prefix index: blocks of prefill it saves.
+
+    Absolute blocks, not the matched fraction: moving a long conversation costs its whole history's
+    prefill, moving a short one little, and a fraction scores both alike.
+    """
 
     index: PrefixIndex
     name: str = "prefix"
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
-        n = len(request.hashes)
-        if n == 0:
-            return {c.replica_id: 0.0 for c in candidates}
-        return {c.replica_id: self.index.matched_blocks(c.replica_id, request.hashes) / n for c in candidates}
+        return {c.replica_id: float(self.index.matched_blocks(c.replica_id, request.hashes)) for c in candidates}
+
+
+class QueueScorer:
+    """Minus the in-flight requests a candidate has beyond the least-loaded candidate.
+
+    Weighted by the blocks of prefill one request ahead is worth, it prices load in the prefix
+    scorer's unit: a replica holding ``m`` more blocks wins while it has fewer than ``m / weight``
+    more requests in flight. Short prompts therefore move off busy replicas first, which keeps
+    headroom under the load bound for the long ones that are costly to move.
+    """
+
+    name = "queue"
+
+    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
+        least = min((c.inflight for c in candidates), default=0)
+        return {c.replica_id: float(least - c.inflight) for c in candidates}
 
 
 class LoadScorer:
@@ -202,8 +222,11 @@ class Strategy:
         return Pick(chosen.replica_id, matched, len(request.hashes), reason)
 
 
-def build_strategy(routing: RoutingSpec, index: PrefixIndex, *, load_penalty: float) -> Strategy:
-    """The strategy a deployment's ``spec.routing`` asks for."""
+def build_strategy(routing: RoutingSpec, index: PrefixIndex, *, load_penalty_blocks: float) -> Strategy:
+    """The strategy a deployment's ``spec.routing`` asks for.
+
+    ``load_penalty_blocks``: blocks of prefill one extra in-flight request is worth (prefix strategy).
+    """
     routable = RoutableFilter()
     if routing.strategy == "round-robin":
         return Strategy("round-robin", index, [routable], [], RoundRobinPicker())
@@ -213,6 +236,6 @@ def build_strategy(routing: RoutingSpec, index: PrefixIndex, *, load_penalty: fl
         "prefix",
         index,
         [routable, BoundedLoadFilter(routing.load_imbalance_bound)],
-        [(PrefixScorer(index), 1.0), (LoadScorer(), load_penalty)],
+        [(PrefixScorer(index), 1.0), (QueueScorer(), load_penalty_blocks)],
         MaxScorePicker(),
     )

@@ -61,11 +61,15 @@ class RouterSettings(BaseModel):
     max_prompt_blocks: int = Field(
         default=2048, ge=1, le=100_000, description="Prompt blocks hashed per request (bounds CPU per request)."
     )
-    load_penalty: float = Field(
-        default=0.5,
+    load_penalty_blocks: float = Field(
+        default=4.0,
         ge=0,
-        le=10,
-        description="Weight of the in-flight load against the matched-prefix fraction in the prefix strategy.",
+        le=1000,
+        description=(
+            "Prefix strategy: blocks of prefill one extra in-flight request is worth. A replica holding m more "
+            "of the prompt's blocks wins while it has fewer than m / this more requests in flight "
+            "(4 was chosen in bench/routing_sim.py, docs/benchmarks/router.md section 1)."
+        ),
     )
     wake_min_interval_s: float = Field(
         default=2.0, gt=0, le=600, description="Wake signal repeat interval while requests wait."

@@ -13,6 +13,7 @@ from kvfleet.router.picking import (
     LoadScorer,
     PickRequest,
     PrefixScorer,
+    QueueScorer,
     RoutableFilter,
     build_strategy,
 )
@@ -63,13 +64,50 @@ def test_scorers_by_hand() -> None:
     index = PrefixIndex(100)
     index.record("a", hashes("SSSSuuuu"))
     request = PickRequest(hashes("SSSSvvvvwwww"))
-    assert PrefixScorer(index).score(cands(a=0, b=0), request) == {"a": pytest.approx(1 / 3), "b": 0.0}
+    # a holds the first of the request's 3 blocks (matched blocks, not the fraction)
+    assert PrefixScorer(index).score(cands(a=0, b=0), request) == {"a": 1.0, "b": 0.0}
     assert LoadScorer().score(cands(a=3, b=0), request) == {"a": 0.25, "b": 1.0}
+    # in-flight beyond the least-loaded candidate, negated
+    assert QueueScorer().score(cands(a=3, b=1, c=2), request) == {"a": -2.0, "b": 0.0, "c": -1.0}
+
+
+def test_prefix_cost_trades_blocks_saved_against_requests_ahead() -> None:
+    """Score = matched blocks - load_penalty_blocks x (in-flight - least in-flight); bound 3 keeps everyone in."""
+    index = PrefixIndex(100)
+    strategy = build_strategy(RoutingSpec(load_imbalance_bound=3.0), index, load_penalty_blocks=2)
+    short = hashes("SSSSaaaabbbbccccddddeeeeffff")  # 7 blocks; a holds the first 6, b only the first
+    index.record("a", short[:6])
+    index.record("b", short[:1])
+    # a: 6 - 2 x (2 - 1) = 4; b: 1 - 0 = 1; c: 0 - 0 = 0 -> a (cap ceil(3 x 6 / 4) = 5 keeps everyone)
+    pick = strategy.pick(cands(a=2, b=1, c=1, d=1), PickRequest(short))
+    assert pick is not None and pick.replica_id == "a" and pick.matched_blocks == 6
+    # a with 4 in flight: 6 - 2 x 3 = 0 < b's 1 -> the short prompt moves to b (cap ceil(3 x 8 / 4) = 6)
+    pick = strategy.pick(cands(a=4, b=1, c=1, d=1), PickRequest(short))
+    assert pick is not None and pick.replica_id == "b" and pick.matched_blocks == 1
+    # a longer history on a is worth the wait: a holds 10 of 12 blocks: 10 - 2 x 3 = 4 > b's 1 -> a
+    long = hashes("SSSSaaaabbbbccccddddeeeeffffgggghhhhiiiijjjjkkkk")
+    index.record("a", long[:10])
+    pick = strategy.pick(cands(a=4, b=1, c=1, d=1), PickRequest(long))
+    assert pick is not None and pick.replica_id == "a" and pick.matched_blocks == 10
+
+
+def test_over_the_bound_the_longest_match_under_the_cap_wins() -> None:
+    index = PrefixIndex(100)
+    strategy = build_strategy(RoutingSpec(load_imbalance_bound=1.25), index, load_penalty_blocks=1)
+    prompt = hashes("SSSSaaaabbbbccccdddd")  # 5 blocks
+    index.record("a", prompt)  # a holds all 5, b 3, c 1, d none
+    index.record("b", prompt[:3])
+    index.record("c", prompt[:1])
+    # cap = ceil(1.25 x (5 + 1) / 4) = ceil(1.875) = 2: a (3 in flight) is out.
+    # b: 3 - 1 x (1 - 0) = 2; c: 1 - 0 = 1; d: 0 - 0 = 0 -> b, the longest match left, although busier.
+    pick = strategy.pick(cands(a=3, b=1, c=0, d=1), PickRequest(prompt))
+    assert pick is not None and pick.replica_id == "b" and pick.matched_blocks == 3
+    assert "bounded-load: dropped a" in pick.reason
 
 
 def test_prefix_strategy_follows_the_cache_then_the_bound() -> None:
     index = PrefixIndex(100)
-    strategy = build_strategy(RoutingSpec(), index, load_penalty=0.5)
+    strategy = build_strategy(RoutingSpec(), index, load_penalty_blocks=4)
     prompt = hashes("system prompt shared by all" + " question")
     index.record("b", prompt)
     pick = strategy.pick(cands(a=0, b=0, c=0, d=0), PickRequest(prompt))
@@ -82,21 +120,21 @@ def test_prefix_strategy_follows_the_cache_then_the_bound() -> None:
 
 
 def test_prefix_strategy_without_sharing_is_least_load() -> None:
-    strategy = build_strategy(RoutingSpec(), PrefixIndex(100), load_penalty=0.5)
+    strategy = build_strategy(RoutingSpec(), PrefixIndex(100), load_penalty_blocks=4)
     pick = strategy.pick(cands(a=2, b=0, c=1), PickRequest(hashes("nothing shared here")))
     assert pick is not None and pick.replica_id == "b"
 
 
 def test_least_load_and_round_robin() -> None:
-    least = build_strategy(RoutingSpec(strategy="least-load"), PrefixIndex(100), load_penalty=0.5)
+    least = build_strategy(RoutingSpec(strategy="least-load"), PrefixIndex(100), load_penalty_blocks=4)
     assert least.pick(cands(a=2, b=1, c=3), PickRequest()).replica_id == "b"  # type: ignore[union-attr]
-    rr = build_strategy(RoutingSpec(strategy="round-robin"), PrefixIndex(100), load_penalty=0.5)
+    rr = build_strategy(RoutingSpec(strategy="round-robin"), PrefixIndex(100), load_penalty_blocks=4)
     picks = [rr.pick(cands(a=9, b=0, c=0), PickRequest()).replica_id for _ in range(6)]  # type: ignore[union-attr]
     assert picks == ["a", "b", "c", "a", "b", "c"]
 
 
 def test_equal_scores_share_the_work() -> None:
-    strategy = build_strategy(RoutingSpec(), PrefixIndex(100), load_penalty=0.5)
+    strategy = build_strategy(RoutingSpec(), PrefixIndex(100), load_penalty_blocks=4)
     picks = {strategy.pick(cands(a=0, b=0, c=0), PickRequest()).replica_id for _ in range(3)}  # type: ignore[union-attr]
     assert picks == {"a", "b", "c"}
 
@@ -104,7 +142,7 @@ def test_equal_scores_share_the_work() -> None:
 def test_skewed_workload_respects_the_bound() -> None:
     """One hot prompt, requests arriving faster than they finish: no pick exceeds the bound's cap."""
     index = PrefixIndex(1000)
-    strategy = build_strategy(RoutingSpec(load_imbalance_bound=1.25), index, load_penalty=0.5)
+    strategy = build_strategy(RoutingSpec(load_imbalance_bound=1.25), index, load_penalty_blocks=4)
     load = {f"r{i}": 0 for i in range(4)}
     hot = hashes("the one hot system prompt " * 4)
     for step in range(400):
