@@ -80,6 +80,10 @@ class Fleet:
         )
         self._wake_tasks: dict[str, asyncio.Task[None]] = {}
         self.applied = asyncio.Event()
+        metrics.track_inflight(self._inflight_samples)
+
+    def _inflight_samples(self) -> list[tuple[str, str, int]]:
+        return [(m, r, rep.inflight) for m, model in self._models.items() for r, rep in model.replicas.items()]
 
     # -- FleetSink -------------------------------------------------------------------------------
 
@@ -88,7 +92,6 @@ class Fleet:
             gone = self._models.pop(served_name)
             for replica_id in gone.replicas:
                 self._outliers.forget(replica_id)
-                self._metrics.forget_replica(served_name, replica_id)
             gone.queue.release_all()  # waiters look again and find the model gone: 404
             self._metrics.forget_model(served_name)
         for served_name, view in snapshot.items():
@@ -122,12 +125,10 @@ class Fleet:
             # In-flight requests to it hold their own URL and finish; only the router's memory of it goes.
             del model.replicas[replica_id]
             self._outliers.forget(replica_id)
-            self._metrics.forget_replica(served_name, replica_id)
         for replica_id, endpoint in wanted.items():
             replica = model.replicas.get(replica_id)
             if replica is None:
                 model.replicas[replica_id] = _Replica(endpoint)
-                self._metrics.inflight.labels(served_name, replica_id).set(0)
             elif replica.endpoint != endpoint:
                 if replica.endpoint.url != endpoint.url:
                     model.index.forget(replica_id)  # a new process behind the same id has a cold cache
@@ -204,9 +205,9 @@ class Fleet:
         replica = model.replicas[pick.replica_id]
         model.index.record(pick.replica_id, hashes)  # learn only after the pick
         replica.inflight += 1
-        self._metrics.child(self._metrics.inflight, served_name, pick.replica_id).set(replica.inflight)
         self._metrics.child(self._metrics.prefix_match, served_name).observe(pick.match_ratio)
-        log.debug("pick %s", pick.reason)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("pick %s", pick.reason)
         return Lease(served_name, pick.replica_id, replica.endpoint.url, pick, self)
 
     def _release(self, lease: Lease, outcome: str) -> None:
@@ -221,7 +222,6 @@ class Fleet:
         if replica is None:
             return  # the replica (or model) left while this request was in flight
         replica.inflight = max(0, replica.inflight - 1)
-        self._metrics.child(self._metrics.inflight, lease.model, lease.replica_id).set(replica.inflight)
 
     def _require(self, served_name: str) -> _Model:
         model = self._models.get(served_name)
