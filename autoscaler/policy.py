@@ -7,18 +7,30 @@ Rules, in the order they apply (every decision names the rule in ``reason`` and 
    while replicas are ready, or a non-finite value: hold the current count (``metrics_stale``).
    Never scale to zero on absent data; the idle clock restarts, since idleness was not observed.
    A router wake still wakes a deployment at zero (the wake is itself evidence of demand).
-2. **Signals.** load = max(engine running + waiting, router in-flight) + the router queue (in full
-   until the service time S is learnt, then as queue x S / coldStartSeconds: the load that drains
-   it within one cold start). Each signal proposes ceil(load / per-replica target): concurrency
-   over the stable window (Knative's 60 s), or over the panic window (6 s) while panicking;
-   KV-cache and (when a target is set) GPU utilization as ceil(ready x utilization / target);
-   TTFT p90 above the SLO as ceil(ready x p90 / SLO) (capped; with all replicas ready, at most
-   once per window + cold start, since p90 lags); while requests queue,
-   ceil(arrival rate x S / target); and a Holt forecast of the arrival rate ``coldStartSeconds``
-   ahead (the measured cold start when known), whose expected growth, times S (Little's law:
-   in-service load / arrival rate while nothing queues, smoothed), is added to the stable load;
-   and, once the in-service load shows a period (autocorrelation, ``forecast.find_period``), the
-   mean load one period ago over the stable window starting a cold start ahead (seasonal).
+2. **Signals.** load = max(engine running + waiting, router in-flight) + the router queue, except
+   in a backlog episode (the router held requests within the last stable window) once the service
+   time S is known. Then the engines are saturated: a full engine holds its batch limit (256 in
+   vLLM), far above the target, and every replica that turns ready takes a batch from the queue,
+   so the in-service count grows with each replica started and would keep asking for more (13
+   replicas for a burst 4-6 serve). In-service concurrency is not demand there, so
+   load = max(min(in-service, ready x target), arrivals x S) + queue x S / coldStartSeconds:
+   the busy engines only as a lower bound (none is spare), demand by Little's law, and the backlog
+   drained within one cold start (what a replica asked for now can do). The arrival rate there is
+   max(windowed rate, queue growth + ready x target / S): the windowed rate lags an onset by up
+   to a window, the queue's growth plus what the ready replicas serve does not. S is the service
+   time at the target concurrency: Little's law (mean in-service / rate over the stable window,
+   learnt only with no queue in it) at each load seen, fitted linearly against the concurrency
+   per replica (``service_time.py``: a batch's step costs a fixed weight read plus a part per
+   sequence) and read at the target; the mean S until the load seen spreads enough to fit.
+   Each signal proposes ceil(load / per-replica target): concurrency over the stable window
+   (Knative's 60 s), or over the panic window (6 s) while panicking; KV-cache and (when a target
+   is set) GPU utilization as ceil(ready x utilization / target); TTFT p90 above the SLO as
+   ceil(ready x p90 / SLO) (capped; with all replicas ready, at most once per window + cold
+   start, since p90 lags, and not within a window of a backlog, whose waits the p90 still holds
+   and the load already counts); a Holt forecast of the arrival rate ``coldStartSeconds`` ahead
+   (the measured cold start when known), whose expected growth, times S, is added to the stable
+   load; and, once the demand shows a period (autocorrelation, ``forecast.find_period``), the
+   mean demand one period ago over the stable window starting a cold start ahead (seasonal).
    The proposal is the max.
 3. **Panic.** When the panic-window proposal reaches ``panic_threshold_ratio`` x the current count,
    panic for one stable window: use the panic proposal and never scale down.
@@ -48,6 +60,7 @@ from kvfleet.autoscaler.forecast import (
     seasonal_update,
 )
 from kvfleet.autoscaler.observation import Observation
+from kvfleet.autoscaler.service_time import ServiceTimeFit, ServiceTimeSettings, fit_update, service_time_at
 from kvfleet.spec import AutoscalingSpec
 
 Reason = Literal[
@@ -89,6 +102,7 @@ class PolicySettings:
     forecast: HoltSettings = field(default_factory=HoltSettings)
     latency_alpha: float = 0.2
     """Smoothing of the Little's-law latency estimate used to turn a forecast rate into concurrency."""
+    service_time: ServiceTimeSettings = field(default_factory=ServiceTimeSettings)
     seasonal: SeasonalSettings = field(default_factory=SeasonalSettings)
     max_forecast_growth_ratio: float = 4.0
     """A forecast adds at most (ratio - 1) x the stable load (or one replica's target) to it."""
@@ -135,6 +149,13 @@ class PolicyState:
     last_scale_up_at_s: float | None = None
     """When the count last went up (for any reason)."""
     seasonal: SeasonalState | None = None
+    service_samples: tuple[tuple[float, float, int, float], ...] = ()
+    """(time, in-service load, ready replicas, router queue) within the stable window: Little's law
+    over the window, and the queue's growth while saturated."""
+    service_fit: ServiceTimeFit | None = None
+    """Service time against concurrency per replica (``service_time.py``)."""
+    last_queue_at_s: float | None = None
+    """When the router last held requests."""
 
 
 def initial_state(current_replicas: int, now_s: float) -> PolicyState:
@@ -237,17 +258,61 @@ def decide(
     queue = obs.queue_depth or 0.0
     rate = obs.arrival_rate_rps or 0.0
     horizon_s = obs.measured_cold_start_s if obs.measured_cold_start_s is not None else spec.cold_start_seconds
+    ready = obs.ready_replicas
+    target = spec.target_concurrency_per_replica
     latency_s = state.latency_s
-    if rate > 0 and in_service > 0 and queue == 0:
-        # Service time by Little's law, learnt only while nothing queues (a backlog would inflate it).
-        little_s = in_service / rate
-        latency_s = little_s if latency_s is None else latency_s + settings.latency_alpha * (little_s - latency_s)
-    # A queued request counts in full until the service time is known. After that the queue counts
-    # as the load that drains it within one cold start (queue x service time / cold start): a replica
-    # asked for now serves nothing sooner, and counting every queued request as concurrency would
-    # keep adding replicas while the first ones are still starting.
-    queue_weight = 1.0 if latency_s is None else min(1.0, latency_s / max(horizon_s, 1.0))
-    load = in_service + queue_weight * queue
+    window_s = spec.window_seconds
+    last_queue = now if queue > 0 else state.last_queue_at_s
+    service_samples = tuple(
+        x
+        for x in _append_bounded(state.service_samples, (now, in_service, ready, queue), limit)
+        if x[0] > now - window_s
+    )
+    service_fit = state.service_fit
+    if rate > 0 and (last_queue is None or now - last_queue >= window_s):
+        # Service time by Little's law over the window the arrival rate is measured over (its mean
+        # in-service load / its rate: a windowed rate against an instant count is biased on every
+        # change of load), learnt only with no queue in that window (a backlog would inflate it).
+        mean_in_service = sum(x[1] for x in service_samples) / len(service_samples)
+        per_replica = [x[1] / x[2] for x in service_samples if x[2] > 0]
+        if mean_in_service > 0 and per_replica:
+            little_s = mean_in_service / rate
+            latency_s = little_s if latency_s is None else latency_s + settings.latency_alpha * (little_s - latency_s)
+            c_mean = sum(per_replica) / len(per_replica)
+            service_fit = fit_update(service_fit, c_mean, little_s, now, settings.service_time)
+    # The service time where the replicas will run, at the target concurrency (the mean learnt one
+    # until the load seen spreads enough to fit how it grows with the batch).
+    fitted_s = service_time_at(service_fit, target, settings.service_time)
+    service_s = fitted_s if fitted_s is not None else latency_s
+    backlog_episode = last_queue is not None and now - last_queue < window_s
+    if backlog_episode and service_s is not None:
+        # Requests queue at the router: every ready engine is full, and a full engine holds up to its
+        # batch limit (256 in vLLM), far above the target. That count is not demand: each replica
+        # that turns ready takes a batch from the queue, so counting it would ask for more replicas
+        # with every one that starts. Demand is the arrival rate x the service time (Little's law),
+        # plus the backlog drained within one cold start (queue x S / cold start: what a replica
+        # asked for now can help with); the busy engines count only as a lower bound (ready x target:
+        # none of them is spare).
+        busy = min(in_service, ready * target)
+        # The windowed rate lags an onset by up to a window. The queue does not: it grows by what
+        # arrives beyond what the ready replicas serve (at least ready x target / S each), so that
+        # sum is a lower bound on the arrival rate now.
+        recent = [x for x in service_samples if x[0] >= now - spec.panic_window_seconds]
+        first = recent[0] if recent else (now, in_service, ready, queue)
+        growth_rps = (queue - first[3]) / (now - first[0]) if now > first[0] else 0.0
+        arriving = max(rate, growth_rps + ready * target / service_s if growth_rps > 0 else 0.0)
+        drain = queue * service_s / max(horizon_s, 1.0)
+        demand = max(busy, arriving * service_s)
+        load = demand + drain
+        load_note = (
+            f" (saturated: max(busy {busy:.0f}, arrivals {arriving:.2f}/s x {service_s:.2f}s) + "
+            f"{queue:.0f} queued x {service_s:.2f}s / {horizon_s:g}s)"
+        )
+    else:
+        # No queue, or the service time is not known yet (a queued request then counts in full).
+        load = in_service + queue
+        demand = in_service
+        load_note = ""
     samples = tuple(s for s in _append_bounded(state.samples, (now, load), limit) if s[0] > now - spec.window_seconds)
     stable_load = _mean_since(samples, now - spec.window_seconds)
     panic_load = _mean_since(samples, now - spec.panic_window_seconds)
@@ -256,14 +321,13 @@ def decide(
     # restarts the idle clock, whenever the last stale tick was.
     last_traffic = now if traffic or state.stale_since_s is not None else state.last_traffic_at_s
 
-    # The seasonal history is of the in-service load: in the target's units, and without the lag of
-    # the windowed arrival rate (whose onset shows up to a window late), so a repeat is asked for a
-    # cold start ahead of when it came last time. Queued requests are left out: a backlog says how
-    # late capacity came, not how much the repeat needs.
+    # The seasonal history is of the demand (the in-service load, or in a backlog episode the
+    # saturated estimate without the drain): in the target's units, and mostly without the lag of
+    # the windowed arrival rate, so a repeat is asked for a cold start ahead of when it came last
+    # time. The backlog is left out: it says how late capacity came, not how much the repeat needs.
     forecast = holt_update(state.forecast, rate, now, settings.forecast)
-    seasonal = seasonal_update(state.seasonal, in_service, now, settings.seasonal)
+    seasonal = seasonal_update(state.seasonal, demand, now, settings.seasonal)
 
-    target = spec.target_concurrency_per_replica
     stable_n = math.ceil(stable_load / target)
     panic_n = math.ceil(panic_load / target)
     panic_until = state.panic_until_s
@@ -275,10 +339,9 @@ def decide(
 
     proposals: dict[str, tuple[int, str]] = {}
     if panicking and panic_n > stable_n:
-        proposals["panic"] = (panic_n, f"load {panic_load:.1f} over {spec.panic_window_seconds:g}s")
+        proposals["panic"] = (panic_n, f"load {panic_load:.1f} over {spec.panic_window_seconds:g}s{load_note}")
     else:
-        proposals["concurrency"] = (stable_n, f"load {stable_load:.1f} over {spec.window_seconds:g}s")
-    ready = obs.ready_replicas
+        proposals["concurrency"] = (stable_n, f"load {stable_load:.1f} over {spec.window_seconds:g}s{load_note}")
     if ready > 0 and obs.kv_cache_utilization is not None:
         n = math.ceil(ready * obs.kv_cache_utilization / spec.target_kv_cache_utilization)
         proposals["kv_cache"] = (n, f"KV cache {obs.kv_cache_utilization:.0%} on {ready} ready")
@@ -291,25 +354,23 @@ def decide(
     # scale-up for a stable window + cold start: long enough for the last one to show in a fresh p90.
     last_up = state.last_scale_up_at_s
     ttft_quiet = last_up is None or now - last_up >= spec.window_seconds + horizon_s
+    # A breach while the router held requests, or within the p90's window after, is the backlog's:
+    # the queue already counts in the load. TTFT is for breaches the concurrency cannot see.
+    ttft_quiet = ttft_quiet and (last_queue is None or now - last_queue >= spec.window_seconds)
     if ready >= current > 0 and ttft_quiet and slo_s is not None and (obs.ttft_p90_s or 0.0) > slo_s:
         assert obs.ttft_p90_s is not None
         n = math.ceil(ready * min(obs.ttft_p90_s / slo_s, settings.ttft_max_scale_factor))
         proposals["ttft"] = (n, f"TTFT p90 {obs.ttft_p90_s:.2f}s > SLO {slo_s:g}s on {ready} ready")
-    if queue > 0 and latency_s is not None and rate > 0:
-        # Engines are saturated (requests queue), so their concurrency understates demand: size for
-        # the arrival rate at the learnt service time.
-        n = math.ceil(rate * latency_s / target)
-        proposals["arrivals"] = (n, f"arrivals {rate:.2f}/s x service {latency_s:.2f}s while {queue:.0f} queue")
     rate_ahead = holt_forecast(forecast, horizon_s)
-    if latency_s is not None and rate_ahead > forecast.level_rps:
+    if service_s is not None and rate_ahead > forecast.level_rps:
         # Only the growth expected before a new replica could be ready is added to today's load, so
         # a flat or falling trend leaves the stable-window proposal alone (no scale-up on noise).
-        growth = (rate_ahead - forecast.level_rps) * latency_s
+        growth = (rate_ahead - forecast.level_rps) * service_s
         growth = min(growth, (settings.max_forecast_growth_ratio - 1.0) * max(stable_load, target))
         proposals["forecast"] = (
             math.ceil((stable_load + growth) / target),
             f"arrivals {forecast.level_rps:.2f}/s -> {rate_ahead:.2f}/s in {horizon_s:g}s, "
-            f"latency {latency_s:.2f}s, load {stable_load:.1f} + {growth:.1f}",
+            f"latency {service_s:.2f}s, load {stable_load:.1f} + {growth:.1f}",
         )
     # The mean over one stable window starting a cold start ahead, as the concurrency rule would see
     # it then: a repeat faster than the window is averaged the same way, not sized for its peaks.
@@ -323,9 +384,7 @@ def decide(
             f"one period before {horizon_s:g}-{horizon_s + spec.window_seconds:g}s ahead",
         )
     signal, (proposal, why) = max(proposals.items(), key=lambda item: item[1][0])
-    target_note = (
-        f"/ {target:g} per replica" if signal in ("concurrency", "panic", "forecast", "arrivals", "seasonal") else ""
-    )
+    target_note = f"/ {target:g} per replica" if signal in ("concurrency", "panic", "forecast", "seasonal") else ""
     why = f"{signal}: {why} {target_note}".rstrip()
 
     next_state = replace(
@@ -335,6 +394,9 @@ def decide(
         forecast=forecast,
         latency_s=latency_s,
         seasonal=seasonal,
+        service_samples=service_samples,
+        service_fit=service_fit,
+        last_queue_at_s=last_queue,
         panic_until_s=panic_until,
         stale_since_s=None,
     )

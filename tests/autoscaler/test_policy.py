@@ -187,16 +187,82 @@ def test_router_queue_counts_as_load() -> None:
 
 def test_queue_counts_as_drain_load_once_service_time_is_known() -> None:
     # Service time 6 s (learnt earlier), cold start 30 s: 300 queued count as 300 x 6 / 30 = 60.
-    # Load 100 in service + 60 = 160 -> ceil(160 / 100) = 2 (not (100 + 300) / 100 = 4).
-    # The arrivals signal (engines saturated: requests queue): 20/s x 6 s / 100 -> 2.
+    # The one ready engine is full (100 = the target): it counts as busy 100, and the arrivals as
+    # 20/s x 6 s = 120 (Little's law). max(100, 120) + 60 = 180 -> ceil(180 / 100) = 2, not
+    # (100 + 300) / 100 = 4.
     state = settled(1, latency_s=6.0)
     o = obs(1000, load=100, queue_depth=300.0, arrival_rate_rps=20.0)
     d = decide(o, state, spec(target_concurrency_per_replica=100), now=1000)
     assert d.desired_replicas == 2
+    assert "saturated: max(busy 100, arrivals 20.00/s x 6.00s) + 300 queued x 6.00s / 30s" in d.detail
     assert d.state.latency_s == 6.0  # not learnt while requests queue
-    # 40/s: the arrivals signal wins, ceil(40 x 6 / 100) = 3.
+    # 40/s: 240 + 60 = 300 -> 3.
     d = decide(replace(o, arrival_rate_rps=40.0), state, spec(target_concurrency_per_replica=100), now=1000)
-    assert d.desired_replicas == 3 and d.detail.startswith("arrivals: arrivals 40.00/s x service 6.00s")
+    assert d.desired_replicas == 3
+
+
+def test_saturated_engines_count_at_the_target_so_each_ready_replica_adds_nothing() -> None:
+    # Target 100, service time 6 s, cold start 30 s, arrivals 40/s (240 in service at the target).
+    # t=1000: 1 ready engine full at 256, 1000 queued: max(min(256, 100), 240) + 1000 x 6 / 30 = 440
+    # -> 5 replicas. t=1002: a second replica turned ready and took 256 from the queue (512 in
+    # service, 744 queued): max(200, 240) + 148.8 = 388.8; the 6 s mean (440 + 388.8) / 2 = 414.4
+    # -> still 5. Counting the in-service requests, 512 + 744 x 6 / 30 = 660.8 would ask for 7.
+    s = spec(target_concurrency_per_replica=100, max_replicas=20)
+    state = settled(1, latency_s=6.0)
+    d = decide(obs(1000, load=256, queue_depth=1000.0, arrival_rate_rps=40.0), state, s, now=1000)
+    assert d.desired_replicas == 5
+    d = decide(obs(1002, load=512, ready=2, queue_depth=744.0, arrival_rate_rps=40.0), d.state, s, now=1002)
+    assert (d.desired_replicas, d.reason) == (5, "steady")
+    # The queue has drained into the engines (3 ready, 900 in service, none queued): within one
+    # window of the last queue the engines still hold backlog, so they count as 3 x 100, not 900.
+    d = decide(obs(1030, load=900, ready=3, arrival_rate_rps=40.0), replace(d.state, samples=()), s, now=1030)
+    assert d.desired_replicas == 5  # 300 -> 3 now, but 5 stays within the scale-down delay
+    assert "load 300.0 over 60s (saturated: max(busy 300, arrivals 40.00/s x 6.00s) + 0 queued" in d.detail
+
+
+def test_a_growing_queue_is_a_lower_bound_on_the_arrival_rate() -> None:
+    # The 1-minute rate lags an onset (it still reads 10/s). The queue grew from 100 to 300 in 4 s:
+    # 50/s beyond what the one ready engine serves (at least 100 / 6 s = 16.7/s), so at least
+    # 66.7/s arrive: 66.7 x 6 = 400 in service at the target, + 300 x 6 / 30 = 60 queued -> 460.
+    # The first tick had no growth to go by: max(100, 10 x 6) + 20 = 120. Mean (120 + 460) / 2 = 290
+    # -> 3 replicas (with the lagging rate alone: (120 + 160) / 2 = 140 -> 2).
+    s = spec(target_concurrency_per_replica=100)
+    state = settled(1, latency_s=6.0)
+    d = decide(obs(1000, load=256, queue_depth=100.0, arrival_rate_rps=10.0), state, s, now=1000)
+    assert d.desired_replicas == 2
+    d = decide(obs(1004, load=256, queue_depth=300.0, arrival_rate_rps=10.0), d.state, s, now=1004)
+    assert d.desired_replicas == 3
+    assert "arrivals 66.67/s x 6.00s" in d.detail
+
+
+def test_service_time_is_learnt_over_the_rate_window_and_read_at_the_target() -> None:
+    # Little's law over the window the rate is measured over: 60 s of in-service 10 on 1 replica at
+    # 5/s -> 2 s. The fit needs spread: with every point at concurrency 10 it falls back to the mean.
+    s = spec(target_concurrency_per_replica=100)
+    state = settled(1, samples=())
+    for t in range(940, 1001, 2):
+        state = decide(obs(float(t), load=10, arrival_rate_rps=5.0), state, s, now=float(t)).state
+    assert state.latency_s == pytest.approx(2.0)
+    assert state.service_fit is not None and state.service_fit.w > 20
+    # After load at 100 per replica and 12.5/s (8 s): the fit reads 8 s at the target, and a
+    # forecast's growth is turned into load with it, not with the mean of the two.
+    for t in range(1002, 1200, 2):
+        state = decide(obs(float(t), load=100, arrival_rate_rps=12.5), state, s, now=float(t)).state
+    from kvfleet.autoscaler.service_time import ServiceTimeSettings, service_time_at
+
+    assert service_time_at(state.service_fit, 100.0, ServiceTimeSettings()) == pytest.approx(8.0, rel=0.02)
+
+
+def test_ttft_breach_left_by_a_drained_backlog_adds_nothing() -> None:
+    # The queue emptied 30 s ago; the p90 over the last minute still holds requests that waited in
+    # it. That breach is the backlog's (already counted as load), so TTFT proposes nothing for one
+    # window after the last queued request; then it acts again.
+    s = spec(ttft_slo_seconds=1.0)
+    state = settled(2, last_queue_at_s=970.0, proposals=((990.0, 2),))
+    d = decide(obs(1000, load=2, ready=2, ttft_p90_s=3.0), state, s, now=1000)
+    assert (d.desired_replicas, d.reason) == (2, "stabilizing") and not d.detail.startswith("ttft")
+    d = decide(obs(1030, load=2, ready=2, ttft_p90_s=3.0), state, s, now=1030)
+    assert d.desired_replicas == 4 and d.detail.startswith("ttft: TTFT p90 3.00s")
 
 
 def test_clamped_to_max_and_min() -> None:
