@@ -31,6 +31,7 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' shared helpers (tests/support), as pytest's pythonpath has it
 
 from kvfleet.engine.tiny_model import make_tiny_model  # noqa: E402
 from kvfleet.router.replicas import StaticReplicaSource  # noqa: E402
