@@ -261,15 +261,16 @@ def decide(
     ready = obs.ready_replicas
     target = spec.target_concurrency_per_replica
     latency_s = state.latency_s
-    window_s = spec.window_seconds
     last_queue = now if queue > 0 else state.last_queue_at_s
+    # The router held requests within the last stable window: the engines are (or just were) saturated.
+    backlog_episode = last_queue is not None and now - last_queue < spec.window_seconds
     service_samples = tuple(
         x
         for x in _append_bounded(state.service_samples, (now, in_service, ready, queue), limit)
-        if x[0] > now - window_s
+        if x[0] > now - spec.window_seconds
     )
     service_fit = state.service_fit
-    if rate > 0 and (last_queue is None or now - last_queue >= window_s):
+    if rate > 0 and not backlog_episode:
         # Service time by Little's law over the window the arrival rate is measured over (its mean
         # in-service load / its rate: a windowed rate against an instant count is biased on every
         # change of load), learnt only with no queue in that window (a backlog would inflate it).
@@ -284,7 +285,6 @@ def decide(
     # until the load seen spreads enough to fit how it grows with the batch).
     fitted_s = service_time_at(service_fit, target, settings.service_time)
     service_s = fitted_s if fitted_s is not None else latency_s
-    backlog_episode = last_queue is not None and now - last_queue < window_s
     if backlog_episode and service_s is not None:
         # Requests queue at the router: every ready engine is full, and a full engine holds up to its
         # batch limit (256 in vLLM), far above the target. That count is not demand: each replica
@@ -356,7 +356,7 @@ def decide(
     ttft_quiet = last_up is None or now - last_up >= spec.window_seconds + horizon_s
     # A breach while the router held requests, or within the p90's window after, is the backlog's:
     # the queue already counts in the load. TTFT is for breaches the concurrency cannot see.
-    ttft_quiet = ttft_quiet and (last_queue is None or now - last_queue >= spec.window_seconds)
+    ttft_quiet = ttft_quiet and not backlog_episode
     if ready >= current > 0 and ttft_quiet and slo_s is not None and (obs.ttft_p90_s or 0.0) > slo_s:
         assert obs.ttft_p90_s is not None
         n = math.ceil(ready * min(obs.ttft_p90_s / slo_s, settings.ttft_max_scale_factor))

@@ -1,6 +1,6 @@
 """The router's HTTP/1.1 server: asyncio protocols with ``httptools`` (llhttp) parsing requests.
 
-Hand-written instead of aiohttp's server for CPU per request: the router spent ~70 us of its ~180 us
+Hand-written instead of aiohttp's server for CPU per request: the router spent ~70 us of its ~130 us
 per proxied request in aiohttp's request, response and writer objects (measured with py-spy under
 wrk; see docs/benchmarks/router.md), and a request through this server costs ~10 us. It does what a
 proxy's front end needs and no more:
@@ -87,13 +87,6 @@ class HttpRequest:
     @property
     def path_qs(self) -> str:
         return f"{self.path}?{self.query}" if self.query else self.path
-
-    def header(self, name: bytes) -> bytes | None:
-        """The first value of a header (``name`` lower-case)."""
-        for key, value in self.raw_headers:
-            if key.lower() == name:
-                return value
-        return None
 
 
 Headers = Iterable[tuple[str, str]]
@@ -271,7 +264,7 @@ class _Connection(asyncio.Protocol):
         if length is not None and length > self.server.settings.max_body_bytes:
             self._too_large = True
             if length > DISCARD_LIMIT_BYTES:  # not worth reading to answer politely
-                self._refuse(413, "request body is larger than the router's limit", close=True)
+                self._refuse(413, "request body is larger than the router's limit")
                 return
         if expect and not self._too_large and self._parser.get_http_version() == "1.1":
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -282,7 +275,7 @@ class _Connection(asyncio.Protocol):
             self._too_large = True
             self._body = []
             if self._body_bytes > DISCARD_LIMIT_BYTES:
-                self._refuse(413, "request body is larger than the router's limit", close=True)
+                self._refuse(413, "request body is larger than the router's limit")
             return
         self._body.append(body)
 
@@ -385,7 +378,7 @@ class _Connection(asyncio.Protocol):
         if self.idle() and self.transport is not None:
             self.transport.close()
 
-    def _refuse(self, status: int, reason: str, *, close: bool = True) -> None:
+    def _refuse(self, status: int, reason: str) -> None:
         """Answer a request that cannot be parsed or read, then close (the stream cannot be trusted)."""
         self._pending.clear()
         if self.transport is None or self.transport.is_closing():

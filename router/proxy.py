@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -21,7 +21,7 @@ from kvfleet.router.errors import (
     UpstreamError,
 )
 from kvfleet.router.fleet import Fleet, Lease
-from kvfleet.router.http_server import Headers, HttpRequest, Responder
+from kvfleet.router.http_server import Handler, Headers, HttpRequest, Responder
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.prompt import block_hashes, render_prompt
 from kvfleet.router.settings import RouterSettings
@@ -105,7 +105,7 @@ class Proxy:
         self._metrics = metrics
         self._upstream = upstream
         self._clock = clock
-        self._routes: dict[str, tuple[str, Callable[[HttpRequest, Responder], Awaitable[None]]]] = {
+        self._routes: dict[str, tuple[str, Handler]] = {
             "/v1/completions": ("POST", self.inference),
             "/v1/chat/completions": ("POST", self.inference),
             "/v1/models": ("GET", self.models),

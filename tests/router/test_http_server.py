@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
-from kvfleet.router.http_server import HttpRequest, HttpServer, HttpServerSettings, Responder
+from kvfleet.router.http_server import Handler, HttpRequest, HttpServer, HttpServerSettings, Responder
 
 SETTINGS = HttpServerSettings(max_body_bytes=1024, keepalive_timeout_s=30.0, shutdown_timeout_s=5.0)
 
@@ -39,7 +39,7 @@ async def echo(request: HttpRequest, responder: Responder) -> None:
 
 
 @asynccontextmanager
-async def serving(settings: HttpServerSettings = SETTINGS, handler=echo) -> AsyncIterator[HttpServer]:  # type: ignore[no-untyped-def]
+async def serving(settings: HttpServerSettings = SETTINGS, handler: Handler = echo) -> AsyncIterator[HttpServer]:
     server = HttpServer(handler, settings)
     await server.start("127.0.0.1", 0)
     try:
