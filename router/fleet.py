@@ -38,16 +38,18 @@ class _Model:
     replicas: dict[str, _Replica] = field(default_factory=dict)
 
 
-@dataclass
 class Lease:
     """One attempt's hold on a replica; release it exactly once."""
 
-    model: str
-    replica_id: str
-    url: str
-    pick: Pick
-    _fleet: Fleet
-    _released: bool = False
+    __slots__ = ("_fleet", "_released", "model", "pick", "replica_id", "url")
+
+    def __init__(self, model: str, replica_id: str, url: str, pick: Pick, fleet: Fleet) -> None:
+        self.model = model
+        self.replica_id = replica_id
+        self.url = url
+        self.pick = pick
+        self._fleet = fleet
+        self._released = False
 
     def release(self, outcome: str) -> None:
         """``ok``: the replica answered; ``failed``: it failed before the first byte; ``aborted``: neither."""
@@ -180,13 +182,9 @@ class Fleet:
         deadline_s = self._clock() + model.view.routing.max_queue_wait_seconds
         while True:
             now_s = self._clock()
+            is_ejected = self._outliers.is_ejected
             candidates = [
-                Candidate(
-                    replica_id=r,
-                    inflight=rep.inflight,
-                    draining=rep.endpoint.draining,
-                    ejected=self._outliers.is_ejected(r, now_s),
-                )
+                Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s))
                 for r, rep in model.replicas.items()
             ]
             pick = model.strategy.pick(candidates, PickRequest(hashes, exclude))
@@ -205,7 +203,7 @@ class Fleet:
         replica = model.replicas[pick.replica_id]
         model.index.record(pick.replica_id, hashes)  # learn only after the pick
         replica.inflight += 1
-        self._metrics.child(self._metrics.prefix_match, served_name).observe(pick.match_ratio)
+        self._metrics.prefix_match.observe((served_name,), pick.match_ratio)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("pick %s", pick.reason)
         return Lease(served_name, pick.replica_id, replica.endpoint.url, pick, self)

@@ -98,8 +98,8 @@ class RoutableFilter:
 
     def filter(self, candidates: Sequence[Candidate], request: PickRequest) -> list[Candidate]:
         live = [c for c in candidates if not c.draining]
-        fresh = [c for c in live if c.replica_id not in request.exclude] or live
-        return [c for c in fresh if not c.ejected] or fresh
+        fresh = ([c for c in live if c.replica_id not in request.exclude] or live) if request.exclude else live
+        return ([c for c in fresh if not c.ejected] or fresh) if any(c.ejected for c in fresh) else fresh
 
 
 @dataclass
@@ -222,21 +222,22 @@ class Strategy:
                 left = {c.replica_id for c in kept}
                 dropped.append((f.name, tuple(sorted(c.replica_id for c in remaining if c.replica_id not in left))))
             remaining = kept
+            if len(remaining) == 1:
+                # The later filters never empty a set (they are skipped when they would), so one candidate
+                # stays the only one, and scores cannot change a choice of one.
+                return self._pick(remaining[0], request, 0.0, dropped)
         totals = dict.fromkeys([c.replica_id for c in remaining], 0.0)
         for scorer, weight in self.scorers:
             for replica_id, s in scorer.score(remaining, request).items():
                 totals[replica_id] += weight * s
         chosen = self.picker.pick(remaining, totals)
-        matched = self.index.matched_blocks(chosen.replica_id, request.hashes)
-        return Pick(
-            chosen.replica_id,
-            matched,
-            len(request.hashes),
-            self.name,
-            chosen.inflight,
-            totals[chosen.replica_id],
-            tuple(dropped),
-        )
+        return self._pick(chosen, request, totals[chosen.replica_id], dropped)
+
+    def _pick(
+        self, chosen: Candidate, request: PickRequest, score: float, dropped: list[tuple[str, tuple[str, ...]]]
+    ) -> Pick:
+        matched = self.index.matched_blocks(chosen.replica_id, request.hashes) if request.hashes else 0
+        return Pick(chosen.replica_id, matched, len(request.hashes), self.name, chosen.inflight, score, tuple(dropped))
 
 
 def build_strategy(routing: RoutingSpec, index: PrefixIndex, *, load_penalty_blocks: float) -> Strategy:

@@ -79,9 +79,11 @@ def block_hashes(text: str, *, model: str, block_chars: int, max_blocks: int) ->
     """Chained hashes of the whole ``block_chars``-sized blocks of ``text``, seeded by ``model``."""
     if block_chars < 1:
         raise ValueError(f"block_chars must be >= 1, got {block_chars}")
-    previous = hashlib.blake2b(model.encode(), digest_size=HASH_BYTES).digest()
     hashes: list[int] = []
     n_blocks = min(len(text) // block_chars, max_blocks)
+    if not n_blocks:
+        return hashes
+    previous = hashlib.blake2b(model.encode(), digest_size=HASH_BYTES).digest()
     for i in range(n_blocks):
         block = text[i * block_chars : (i + 1) * block_chars].encode()
         previous = hashlib.blake2b(previous + block, digest_size=HASH_BYTES).digest()

@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -66,6 +66,17 @@ CLIENT_CLOSED = 499
 _JSON = ("Content-Type", "application/json")
 
 
+class _Answered:
+    """An awaitable that is already done: for routes answered without waiting on anything."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_DONE = _Answered()
+_NONE_TRIED: frozenset[str] = frozenset()
+
+
 def send_json(responder: Responder, status: int, obj: object, extra: Headers = ()) -> None:
     responder.send(status, [_JSON, *extra], json.dumps(obj).encode())
 
@@ -79,7 +90,7 @@ def send_error(responder: Responder, error: RouterError) -> None:
 def parse_body(raw: bytes) -> tuple[dict[str, Any], str]:
     """The request object and its ``model``; ``BadRequestError`` naming what is wrong otherwise."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw.decode())  # JSON between systems is UTF-8 (RFC 8259); decoding first skips detection
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequestError(f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
@@ -113,18 +124,22 @@ class Proxy:
             "/metrics": ("GET", self.metrics),
         }
 
-    async def handle(self, request: HttpRequest, responder: Responder) -> None:
-        """The server's one handler: dispatch on method and path."""
+    def handle(self, request: HttpRequest, responder: Responder) -> Awaitable[None]:
+        """The server's one handler: dispatch on method and path.
+
+        A plain function returning the route's coroutine, not a coroutine awaiting it: every coroutine
+        layer between the server and the upstream wait is paid again on each suspend and resume.
+        """
         route = self._routes.get(request.path)
         if route is None:
             send_json(responder, 404, {"error": {"message": f"no route {request.path}", "code": 404}})
-            return
+            return _DONE
         method, handler = route
         if request.method != method:
             extra = [("Allow", method)]
             send_json(responder, 405, {"error": {"message": f"use {method} for {request.path}", "code": 405}}, extra)
-            return
-        await handler(request, responder)
+            return _DONE
+        return handler(request, responder)
 
     # -- small endpoints -----------------------------------------------------------------------
 
@@ -171,7 +186,7 @@ class Proxy:
             code = CLIENT_CLOSED
             raise
         finally:
-            self._metrics.child(self._metrics.requests, model_label, str(code)).inc()
+            self._metrics.requests.inc((model_label, str(code)))
 
     async def _forward(
         self, request: HttpRequest, responder: Responder, model: str, hashes: list[int], started_s: float
@@ -181,9 +196,9 @@ class Proxy:
         tried: set[str] = set()
         failures: list[str] = []
         for attempt in range(self._settings.max_attempts):
-            lease = await self._fleet.acquire(model, hashes, frozenset(tried))
+            lease = await self._fleet.acquire(model, hashes, frozenset(tried) if tried else _NONE_TRIED)
             if attempt:
-                self._metrics.child(self._metrics.retries, model).inc()
+                self._metrics.retries.inc((model,))
             try:
                 upstream, first = await self._attempt(lease, request.path_qs, request.body, headers)
             except UpstreamAttemptError as e:
@@ -203,12 +218,22 @@ class Proxy:
     async def _attempt(self, lease: Lease, path_qs: str, raw: bytes, headers: bytes) -> tuple[UpstreamResponse, bytes]:
         """Send the request and read its first body bytes: everything here may still be retried."""
         try:
-            upstream = await self._upstream.post(lease.url, path_qs, headers, raw)
-        except UpstreamTimeoutError as e:
-            # Connected and sent, then silence: the replica may still be working on it, so no retry.
-            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
+            upstream = await self._upstream.send(lease.url, path_qs, headers, raw)
         except (UpstreamConnectError, UpstreamClosedError) as e:  # refused, connect timeout, closed before headers
             raise UpstreamAttemptError(lease.replica_id, f"{type(e).__name__}: {e}") from e
+        try:
+            while not upstream.head_done:
+                await upstream.progress()
+        except UpstreamTimeoutError as e:
+            # Connected and sent, then silence: the replica may still be working on it, so no retry.
+            upstream.close()
+            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
+        except UpstreamClosedError as e:
+            upstream.close()
+            raise UpstreamAttemptError(lease.replica_id, f"{type(e).__name__}: {e}") from e
+        except BaseException:
+            upstream.close()
+            raise
         try:
             if upstream.status == 503:
                 # Draining or still loading: nothing was done, try another replica.
@@ -244,13 +269,13 @@ class Proxy:
             if not is_sse and upstream.at_eof():
                 # The whole body came in the first read (the usual non-streaming answer): one write.
                 responder.send(upstream.status, headers, first, reason=upstream.reason)
-                self._metrics.child(self._metrics.ttft, model).observe(self._clock() - started_s)
+                self._metrics.ttft.observe((model,), self._clock() - started_s)
                 outcome = "ok"
                 clean_end = True
                 return
             length = upstream.content_length if not is_sse else None
             responder.start(upstream.status, headers, content_length=length, reason=upstream.reason)
-            self._metrics.child(self._metrics.ttft, model).observe(self._clock() - started_s)
+            self._metrics.ttft.observe((model,), self._clock() - started_s)
             splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
             chunk = first
             try:

@@ -160,6 +160,7 @@ class UpstreamResponse:
         self._eof = False
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self.deadline_s = 0.0  # while waiting: when the idle read timeout fires (the pool's sweep checks)
         self._done = False
 
     # -- httptools callbacks ---------------------------------------------------------------------
@@ -222,36 +223,50 @@ class UpstreamResponse:
 
     def _wake(self) -> None:
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def _wait(self) -> None:
-        """Until the parser makes progress, the connection breaks, or the idle timeout passes."""
-        waiter = self._loop.create_future()
-        self._waiter = waiter
-        timer = self._loop.call_later(self._read_timeout_s, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
+        if waiter is not None:
             self._waiter = None
+            self._pool._waiting.discard(self)
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _expire(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_exception(UpstreamTimeoutError("replica sent nothing within the read timeout"))
 
     # -- reading ---------------------------------------------------------------------------------
 
+    @property
+    def head_done(self) -> bool:
+        return self._head_done
+
+    def progress(self) -> asyncio.Future[None]:
+        """A future that resolves when the parser makes progress, and fails with the connection's error
+        or ``UpstreamTimeoutError`` after ``read_timeout_s`` of silence.
+
+        A plain future awaited by the caller, not a coroutine, and no timer of its own: a proxied
+        request waits here once, and each coroutine layer and timer on that path is CPU per request.
+        """
+        if self._error is not None:
+            raise self._error
+        waiter = self._loop.create_future()
+        self._waiter = waiter
+        self.deadline_s = self._loop.time() + self._read_timeout_s
+        self._pool._watch(self)
+        return waiter
+
     async def head(self) -> None:
         while not self._head_done:
-            if self._error is not None:
-                raise self._error
-            await self._wait()
+            await self.progress()
 
     async def readany(self) -> bytes:
         """The body bytes that have arrived (waiting for some), or b"" at the end of the body."""
         while not self._chunks:
             if self._eof:
                 return b""
-            if self._error is not None:
-                raise self._error
-            await self._wait()
+            await self.progress()
         data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._drain())
         self._buffered -= len(data)
         if self._paused and self._buffered <= HIGH_WATER_BYTES // 4:
@@ -273,6 +288,7 @@ class UpstreamResponse:
         if self._done:
             return
         self._done = True
+        self._pool._waiting.discard(self)
         conn = self._conn
         keep = self._eof and self._keep_alive and not self._until_close
         conn.finish()
@@ -286,13 +302,9 @@ class UpstreamResponse:
         if self._done:
             return
         self._done = True
+        self._pool._waiting.discard(self)
         self._conn.finish()
         self._pool._discard(self._conn)
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(UpstreamTimeoutError("replica sent nothing within the read timeout"))
 
 
 class _OriginPool:
@@ -314,14 +326,30 @@ class UpstreamPool:
         self._settings = settings
         self._pools: dict[str, _OriginPool] = {}
         self._ssl: ssl.SSLContext | None = None
+        # Responses waiting on a replica, checked against their deadlines by one sweep (not a timer each).
+        self._waiting: set[UpstreamResponse] = set()
+        self._deadline_sweep: asyncio.TimerHandle | None = None
+        self._sweep_interval_s = min(1.0, max(0.01, settings.read_timeout_s / 10))
 
     async def post(self, base_url: str, path_qs: str, headers: bytes, body: bytes) -> UpstreamResponse:
-        """Send ``POST base_url+path_qs`` with pre-rendered header lines; returns once the response head is in.
+        """``send``, then wait for the response head."""
+        response = await self.send(base_url, path_qs, headers, body)
+        try:
+            while not response.head_done:
+                await response.progress()
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    async def send(self, base_url: str, path_qs: str, headers: bytes, body: bytes) -> UpstreamResponse:
+        """Write ``POST base_url+path_qs`` with pre-rendered header lines; returns without waiting for the
+        answer (read ``head_done`` / ``progress``); it suspends only to wait for or open a connection.
 
         ``headers`` holds ``Name: value\\r\\n`` lines without Host, Content-Length or Connection.
         """
         pool = self._pools.get(base_url) or self._origin_pool(base_url)
-        conn = await self._acquire(pool)
+        conn = self._idle_connection(pool) or await self._acquire(pool)
         request = b"".join(
             (
                 b"POST ",
@@ -338,12 +366,24 @@ class UpstreamPool:
         )
         response = UpstreamResponse(self, conn, self._settings.read_timeout_s)
         conn.start(request, response)
-        try:
-            await response.head()
-        except BaseException:
-            response.close()
-            raise
         return response
+
+    def _watch(self, response: UpstreamResponse) -> None:
+        self._waiting.add(response)
+        if self._deadline_sweep is None:
+            loop = asyncio.get_running_loop()
+            self._deadline_sweep = loop.call_later(self._sweep_interval_s, self._expire_waiting)
+
+    def _expire_waiting(self) -> None:
+        """Fail the waits that passed their deadline: the read timeout fires up to one interval late."""
+        self._deadline_sweep = None
+        loop = asyncio.get_running_loop()
+        now_s = loop.time()
+        for response in [r for r in self._waiting if r.deadline_s <= now_s]:
+            self._waiting.discard(response)
+            response._expire()
+        if self._waiting:
+            self._deadline_sweep = loop.call_later(self._sweep_interval_s, self._expire_waiting)
 
     def _origin_pool(self, base_url: str) -> _OriginPool:
         parts = urlsplit(base_url)
@@ -356,16 +396,25 @@ class UpstreamPool:
         self._pools[base_url] = pool
         return pool
 
+    def _idle_connection(self, pool: _OriginPool) -> _Connection | None:
+        """The most recently used reusable idle connection; stale ones found on the way are closed."""
+        if not pool.idle:
+            return None
+        now_s = asyncio.get_running_loop().time()
+        while pool.idle:
+            conn = pool.idle.pop()
+            if conn.reusable() and now_s - conn.idle_since_s < self._settings.keepalive_timeout_s:
+                return conn
+            pool.open -= 1
+            conn.close()
+        return None
+
     async def _acquire(self, pool: _OriginPool) -> _Connection:
         loop = asyncio.get_running_loop()
         while True:
-            now_s = loop.time()
-            while pool.idle:
-                conn = pool.idle.pop()
-                if conn.reusable() and now_s - conn.idle_since_s < self._settings.keepalive_timeout_s:
-                    return conn
-                pool.open -= 1
-                conn.close()
+            conn = self._idle_connection(pool)
+            if conn is not None:
+                return conn
             if pool.open < self._settings.max_connections_per_origin:
                 pool.open += 1
                 try:
@@ -443,6 +492,9 @@ class UpstreamPool:
                 return
 
     async def close(self) -> None:
+        if self._deadline_sweep is not None:
+            self._deadline_sweep.cancel()
+            self._deadline_sweep = None
         pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.closed = True
