@@ -106,12 +106,13 @@ class Responder:
         self.started = False
         self.finished = False
 
-    def _head(self, status: int, reason: str | None, headers: Headers, framing: bytes) -> bytes:
+    def _head(self, status: int, reason: str | None, headers: Headers, framing: bytes, raw: bytes) -> bytes:
         keep_alive = self._keep_alive and not self._conn.server.closing
         self._keep_alive = keep_alive
         phrase = reason or _reason(status)
         lines = [f"HTTP/{self._version} {status} {phrase}\r\n".encode("latin-1")]
         lines.extend(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers)
+        lines.append(raw)
         lines.append(framing)
         if not keep_alive:
             lines.append(b"Connection: close\r\n")
@@ -120,17 +121,25 @@ class Responder:
         lines.append(b"\r\n")
         return b"".join(lines)
 
-    def send(self, status: int, headers: Headers, body: bytes, *, reason: str | None = None) -> None:
-        """The whole response, in one write."""
+    def send(
+        self, status: int, headers: Headers, body: bytes, *, reason: str | None = None, raw_headers: bytes = b""
+    ) -> None:
+        """The whole response, in one write. ``raw_headers``: more header lines, already ``Name: value\\r\\n``."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = self.finished = True
-        head = self._head(status, reason, headers, b"Content-Length: %d\r\n" % len(body))
+        head = self._head(status, reason, headers, b"Content-Length: %d\r\n" % len(body), raw_headers)
         self._conn.write(head + body)
         self._conn.response_done(self._keep_alive)
 
     def start(
-        self, status: int, headers: Headers, *, content_length: int | None = None, reason: str | None = None
+        self,
+        status: int,
+        headers: Headers,
+        *,
+        content_length: int | None = None,
+        reason: str | None = None,
+        raw_headers: bytes = b"",
     ) -> None:
         """The status line and headers; the body follows with ``write`` (chunked unless its length is known)."""
         if self.started:
@@ -144,7 +153,7 @@ class Responder:
         else:  # an HTTP/1.0 client: the body ends when the connection does
             self._keep_alive = False
             framing = b""
-        self._conn.write(self._head(status, reason, headers, framing))
+        self._conn.write(self._head(status, reason, headers, framing, raw_headers))
 
     async def write(self, data: bytes) -> None:
         if not data:

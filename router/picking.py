@@ -99,7 +99,10 @@ class RoutableFilter:
     def filter(self, candidates: Sequence[Candidate], request: PickRequest) -> list[Candidate]:
         live = [c for c in candidates if not c.draining]
         fresh = ([c for c in live if c.replica_id not in request.exclude] or live) if request.exclude else live
-        return ([c for c in fresh if not c.ejected] or fresh) if any(c.ejected for c in fresh) else fresh
+        for c in fresh:
+            if c.ejected:
+                return [c for c in fresh if not c.ejected] or fresh
+        return fresh
 
 
 @dataclass

@@ -58,6 +58,7 @@ _HOP_BY_HOP = frozenset(
 # Not forwarded upstream either: the router's server answers ``Expect: 100-continue`` itself, and the
 # request it sends is complete.
 _NOT_FORWARDED = _HOP_BY_HOP | {"expect"}
+_HOP_BY_HOP_RAW = frozenset(name.encode() for name in _HOP_BY_HOP)
 _NOT_FORWARDED_RAW = frozenset(name.encode() for name in _NOT_FORWARDED | {"x-forwarded-for"})
 # The HTTP code counted for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
@@ -264,17 +265,16 @@ class Proxy:
         clean_end = False
         try:
             is_sse = upstream.content_type == "text/event-stream"
-            headers = _response_headers(upstream)
-            headers.append(("X-Kvfleet-Replica", lease.replica_id))
+            headers = _response_header_lines(upstream, lease.replica_id)
             if not is_sse and upstream.at_eof():
                 # The whole body came in the first read (the usual non-streaming answer): one write.
-                responder.send(upstream.status, headers, first, reason=upstream.reason)
+                responder.send(upstream.status, (), first, reason=upstream.reason, raw_headers=headers)
                 self._metrics.ttft.observe((model,), self._clock() - started_s)
                 outcome = "ok"
                 clean_end = True
                 return
             length = upstream.content_length if not is_sse else None
-            responder.start(upstream.status, headers, content_length=length, reason=upstream.reason)
+            responder.start(upstream.status, (), content_length=length, reason=upstream.reason, raw_headers=headers)
             self._metrics.ttft.observe((model,), self._clock() - started_s)
             splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
             chunk = first
@@ -309,8 +309,13 @@ class Proxy:
             lease.release(outcome)
 
 
-def _response_headers(upstream: UpstreamResponse) -> list[tuple[str, str]]:
-    return [(name, value) for name, value in upstream.headers if name.lower() not in _HOP_BY_HOP]
+def _response_header_lines(upstream: UpstreamResponse, replica_id: str) -> bytes:
+    """The replica's end-to-end headers as sent (llhttp has checked them), and which replica answered."""
+    lines = [
+        name + b": " + value + b"\r\n" for name, value in upstream.raw_headers if name.lower() not in _HOP_BY_HOP_RAW
+    ]
+    lines.append(b"X-Kvfleet-Replica: " + replica_id.encode("latin-1") + b"\r\n")
+    return b"".join(lines)
 
 
 def _forward_headers(request: HttpRequest) -> bytes:

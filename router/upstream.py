@@ -134,7 +134,7 @@ class _Connection(asyncio.Protocol):
 
 
 class UpstreamResponse:
-    """A replica's answer: ``status``, ``reason`` and ``headers`` once ``head`` returns, then ``readany``.
+    """A replica's answer: ``status``, ``reason`` and ``raw_headers`` once the head is in, then ``readany``.
 
     Call ``release`` after reading to the end (the connection goes back to the pool) or ``close``.
     It is also the httptools parser's callback object (the ``on_*`` methods).
@@ -147,10 +147,10 @@ class UpstreamResponse:
         self._loop = asyncio.get_running_loop()
         self.status = 0
         self.reason = ""
-        self.headers: list[tuple[str, str]] = []  # as sent, in order (a list: cheaper than a multidict per response)
+        # As sent, in order, undecoded: a proxy passes most of them on as they are.
+        self.raw_headers: list[tuple[bytes, bytes]] = []
         self.content_type = "application/octet-stream"
         self.content_length: int | None = None
-        self._raw_headers: list[tuple[bytes, bytes]] = []
         self._head_done = False
         self._keep_alive = False
         self._until_close = False  # no length and not chunked: the body ends when the connection does
@@ -169,25 +169,23 @@ class UpstreamResponse:
         self.reason = status.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._raw_headers.append((name, value))
+        self.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         parser = self._conn._parser
         assert parser is not None
         self.status = parser.get_status_code()
         chunked = False
-        for name, value in self._raw_headers:
-            key, text = name.decode("latin-1"), value.decode("latin-1")
-            self.headers.append((key, text))
-            lower = key.lower()
-            if lower == "content-type":
-                self.content_type = text.partition(";")[0].strip().lower() or self.content_type
-            elif lower == "content-length" and text.isdigit():
-                self.content_length = int(text)
-            elif lower == "transfer-encoding" and "chunked" in text.lower():
+        for name, value in self.raw_headers:
+            lower = name.lower()
+            if lower == b"content-type":
+                media = value.partition(b";")[0].strip().lower()
+                self.content_type = media.decode("latin-1") if media else self.content_type
+            elif lower == b"content-length" and value.isdigit():
+                self.content_length = int(value)
+            elif lower == b"transfer-encoding" and b"chunked" in value.lower():
                 chunked = True
         self._until_close = self.content_length is None and not chunked and self.status not in (204, 304)
-        self._raw_headers = []
         # Asked now: llhttp forgets the connection's keep-alive state once the message is complete.
         self._keep_alive = parser.should_keep_alive()
         self._head_done = True
@@ -204,6 +202,11 @@ class UpstreamResponse:
     def on_message_complete(self) -> None:
         self._eof = True
         self._wake()
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """``raw_headers`` decoded (latin-1, as HTTP/1.1 header bytes are)."""
+        return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self.raw_headers]
 
     # -- from the connection ---------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from collections import Counter
@@ -291,3 +292,45 @@ async def test_silent_replica_times_out_with_504_and_is_not_retried(spawn_backen
     assert "no response headers in time" in json.loads(raw)["error"]["message"]
     # The replica may still be generating: sending it to the other one too would double the work.
     assert a.stats()["requests"] + b.stats()["requests"] == 1
+
+
+async def test_replica_headers_pass_through_except_hop_by_hop_ones() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = next(
+                    int(v)
+                    for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
+                    if k.lower() == b"content-length"
+                )
+                await reader.readexactly(length)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                    b"Connection: keep-alive\r\nKeep-Alive: timeout=5\r\nX-Request-Id: abc-1\r\n"
+                    b"Set-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\n{}"
+                )
+                await writer.drain()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    source = StaticReplicaSource()
+    source.set_deployment("raw", routing=RoutingSpec())
+    source.add("raw", "r0", f"http://127.0.0.1:{port}")
+    try:
+        async with running_router(source) as router:
+            reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+            body = b'{"model":"raw"}'
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+            )
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+    lines = head.split("\r\n")
+    assert lines[0] == "HTTP/1.1 200 OK"
+    names = [line.split(":", 1)[0].lower() for line in lines[1:] if line]
+    assert "x-request-id: abc-1" in head.lower() and names.count("set-cookie") == 2
+    assert names.count("content-length") == 1 and "keep-alive" not in names
+    assert "x-kvfleet-replica: r0" in head.lower()
