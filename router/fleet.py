@@ -176,20 +176,32 @@ class Fleet:
 
     # -- acquire / release -----------------------------------------------------------------------
 
+    def try_acquire(
+        self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()
+    ) -> Lease | None:
+        """A replica for one attempt now, or None when the model has none taking requests (see ``acquire``)."""
+        model = self._require(served_name)
+        return self._try_pick(served_name, model, hashes, exclude, self._clock())
+
+    def _try_pick(
+        self, served_name: str, model: _Model, hashes: Sequence[int], exclude: frozenset[str], now_s: float
+    ) -> Lease | None:
+        is_ejected = self._outliers.is_ejected
+        candidates = [
+            Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s)) for r, rep in model.replicas.items()
+        ]
+        pick = model.strategy.pick(candidates, PickRequest(hashes, exclude))
+        return self._lease(served_name, model, pick, hashes) if pick is not None else None
+
     async def acquire(self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()) -> Lease:
         """A replica for one attempt, holding the request while the model has none ready."""
         model = self._require(served_name)
         deadline_s = self._clock() + model.view.routing.max_queue_wait_seconds
         while True:
             now_s = self._clock()
-            is_ejected = self._outliers.is_ejected
-            candidates = [
-                Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s))
-                for r, rep in model.replicas.items()
-            ]
-            pick = model.strategy.pick(candidates, PickRequest(hashes, exclude))
-            if pick is not None:
-                return self._lease(served_name, model, pick, hashes)
+            lease = self._try_pick(served_name, model, hashes, exclude, now_s)
+            if lease is not None:
+                return lease
             # No replica takes new requests (none yet, or all draining): hold the request, wake the autoscaler.
             self._start_wake(served_name)
             self._metrics.queue_depth.labels(served_name).set(len(model.queue) + 1)

@@ -197,7 +197,9 @@ class Proxy:
         tried: set[str] = set()
         failures: list[str] = []
         for attempt in range(self._settings.max_attempts):
-            lease = await self._fleet.acquire(model, hashes, frozenset(tried) if tried else _NONE_TRIED)
+            exclude = frozenset(tried) if tried else _NONE_TRIED
+            # The common case picks without a coroutine; ``acquire`` holds the request while there is no replica.
+            lease = self._fleet.try_acquire(model, hashes, exclude) or await self._fleet.acquire(model, hashes, exclude)
             if attempt:
                 self._metrics.retries.inc((model,))
             try:
@@ -210,7 +212,10 @@ class Proxy:
             except BaseException:
                 lease.release("aborted")
                 raise
-            await self._relay(responder, model, lease, upstream, first, started_s)
+            if upstream.at_eof() and upstream.content_type != "text/event-stream":
+                self._relay_whole(responder, model, lease, upstream, first, started_s)
+            else:
+                await self._relay(responder, model, lease, upstream, first, started_s)
             return upstream.status
         raise UpstreamError(
             f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
@@ -219,7 +224,9 @@ class Proxy:
     async def _attempt(self, lease: Lease, path_qs: str, raw: bytes, headers: bytes) -> tuple[UpstreamResponse, bytes]:
         """Send the request and read its first body bytes: everything here may still be retried."""
         try:
-            upstream = await self._upstream.send(lease.url, path_qs, headers, raw)
+            upstream = self._upstream.send_nowait(lease.url, path_qs, headers, raw) or await self._upstream.send(
+                lease.url, path_qs, headers, raw
+            )
         except (UpstreamConnectError, UpstreamClosedError) as e:  # refused, connect timeout, closed before headers
             raise UpstreamAttemptError(lease.replica_id, f"{type(e).__name__}: {e}") from e
         try:
@@ -251,6 +258,26 @@ class Proxy:
             raise
         return upstream, first
 
+    def _relay_whole(
+        self,
+        responder: Responder,
+        model: str,
+        lease: Lease,
+        upstream: UpstreamResponse,
+        first: bytes,
+        started_s: float,
+    ) -> None:
+        """The whole body came in the first read (the usual non-streaming answer): one write, no coroutine."""
+        upstream.release()  # fully read: the connection goes back to the keep-alive pool
+        try:
+            headers = _response_header_lines(upstream, lease.replica_id)
+            responder.send(upstream.status, (), first, reason=upstream.reason, raw_headers=headers)
+        except BaseException:
+            lease.release("aborted")
+            raise
+        lease.release("ok")
+        self._metrics.ttft.observe((model,), self._clock() - started_s)
+
     async def _relay(
         self,
         responder: Responder,
@@ -266,13 +293,6 @@ class Proxy:
         try:
             is_sse = upstream.content_type == "text/event-stream"
             headers = _response_header_lines(upstream, lease.replica_id)
-            if not is_sse and upstream.at_eof():
-                # The whole body came in the first read (the usual non-streaming answer): one write.
-                responder.send(upstream.status, (), first, reason=upstream.reason, raw_headers=headers)
-                self._metrics.ttft.observe((model,), self._clock() - started_s)
-                outcome = "ok"
-                clean_end = True
-                return
             length = upstream.content_length if not is_sse else None
             responder.start(upstream.status, (), content_length=length, reason=upstream.reason, raw_headers=headers)
             self._metrics.ttft.observe((model,), self._clock() - started_s)

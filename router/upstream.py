@@ -351,8 +351,18 @@ class UpstreamPool:
 
         ``headers`` holds ``Name: value\\r\\n`` lines without Host, Content-Length or Connection.
         """
+        return self.send_nowait(base_url, path_qs, headers, body) or self._send_on(
+            await self._acquire(self._pools.get(base_url) or self._origin_pool(base_url)), path_qs, headers, body
+        )
+
+    def send_nowait(self, base_url: str, path_qs: str, headers: bytes, body: bytes) -> UpstreamResponse | None:
+        """``send`` on an idle pooled connection, without a coroutine; None when none is idle."""
         pool = self._pools.get(base_url) or self._origin_pool(base_url)
-        conn = self._idle_connection(pool) or await self._acquire(pool)
+        conn = self._idle_connection(pool)
+        return self._send_on(conn, path_qs, headers, body) if conn is not None else None
+
+    def _send_on(self, conn: _Connection, path_qs: str, headers: bytes, body: bytes) -> UpstreamResponse:
+        pool = conn.owner
         request = b"".join(
             (
                 b"POST ",

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from kvfleet.router.errors import ModelNotFoundError
 from kvfleet.router.fleet import Fleet
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.prompt import block_hashes
@@ -122,4 +123,24 @@ async def test_wake_is_repeated_while_requests_wait_and_failures_do_not_fail_req
     settled = len(calls)
     await asyncio.sleep(0.25)
     assert len(calls) == settled  # stopped once a replica was there
+    await fleet.close()
+
+
+async def test_try_acquire_picks_without_waiting_and_never_holds_a_request() -> None:
+    fleet = Fleet(RouterSettings(), NoWakeSignal(), RouterMetrics())
+    source = StaticReplicaSource()
+    source.set_deployment("m", routing=RoutingSpec())
+    await source.start(fleet)
+    assert fleet.try_acquire("m", []) is None  # no replica: the caller falls back to acquire, which holds
+    assert fleet.queue_depth("m") == 0
+    source.add("m", "r0", "http://127.0.0.1:9000")
+    lease = fleet.try_acquire("m", [])
+    assert lease is not None and lease.replica_id == "r0" and fleet.inflight("m") == {"r0": 1}
+    lease.release("ok")
+    lease.release("ok")  # once only
+    assert fleet.inflight("m") == {"r0": 0}
+    source.mark_draining("m", "r0")
+    assert fleet.try_acquire("m", []) is None and fleet.queue_depth("m") == 0
+    with pytest.raises(ModelNotFoundError):
+        fleet.try_acquire("unknown", [])
     await fleet.close()
