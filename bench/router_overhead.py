@@ -9,7 +9,11 @@ All measured in one run on this machine:
 - throughput: wrk (one thread, POST, keep-alive) against nginx serving a fixed JSON answer as the
   fastest backend, directly, through an nginx proxy, and through the router; and the proxy process's
   own CPU time per request over the wrk run (utime + stime from /proc), which other jobs on the
-  machine do not inflate the way they do req/s.
+  machine do not inflate the way they do req/s. Two request bodies: a short completion (the
+  proxy's fixed cost) and a chat request with a ~16k-character (~4k-token) system prompt (what the
+  router's prefix hashing and index cost on a realistic prompt; nginx only copies the bytes). And
+  ``kvfleet-4``: the router picking among 4 replicas (4 ports of the same backend), throughput only,
+  so the one-replica shortcut does not flatter the figure.
 Pinning (when the machine has 2+ cores): the proxy under test -- the nginx proxy worker or the
 router, each one process -- runs alone on ``--proxy-cpu``; backends and load generators share
 ``--load-cpu``. Other engineers' jobs still share both cores.
@@ -120,9 +124,10 @@ http {{
         yield int(children[0]) if children else master.pid
 
 
-def static_backend_block(port: int) -> str:
+def static_backend_block(ports: list[int]) -> str:
+    listens = "\n    ".join(f"listen 127.0.0.1:{port};" for port in ports)
     return f"""server {{
-    listen 127.0.0.1:{port};
+    {listens}
     location /health {{ return 200 "ok"; }}
     location / {{ default_type application/json; return 200 '{STATIC_BODY}'; }}
   }}"""
@@ -137,12 +142,14 @@ def proxy_block(port: int, upstream_port: int) -> str:
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_buffering off;
+      # Bodies up to 1 MiB stay in memory (the default 16k spills a 4k-token prompt to a temp file).
+      client_body_buffer_size 1m;
     }}
   }}"""
 
 
 @contextmanager
-def router(upstream: str, port: int, cpu: int | None = None, src: Path | None = None) -> Iterator[int]:
+def router(upstreams: list[str], port: int, cpu: int | None = None, src: Path | None = None) -> Iterator[int]:
     """``kvfleet router serve``; ``src``: serve from another checkout's router/ folder (a before/after run)."""
     boot = "from kvfleet.cli import main; main()"
     if src is not None:
@@ -155,8 +162,7 @@ def router(upstream: str, port: int, cpu: int | None = None, src: Path | None = 
         "serve",
         "--port",
         str(port),
-        "--replica",
-        f"bench={upstream}",
+        *(arg for upstream in upstreams for arg in ("--replica", f"bench={upstream}")),
         "--log-level",
         "WARNING",
     ]
@@ -229,12 +235,26 @@ def summarise(values: list[float]) -> dict[str, float]:
 # -- throughput ---------------------------------------------------------------------------------------
 
 
-def wrk(url: str, seconds: float, connections: int, workdir: Path, proxy_pid: int | None) -> dict[str, float]:
+SHORT_BODY = {"model": "bench", "prompt": "hello there", "max_tokens": 8}
+# One shared ~16k-character system prompt (a tenant's instructions and tool schemas) and a short question.
+LONG_BODY = {
+    "model": "bench",
+    "messages": [
+        {"role": "system", "content": "You are the support assistant of a hardware shop; cite the manual. " * 240},
+        {"role": "user", "content": "Which drill bit do I need for concrete?"},
+    ],
+    "max_tokens": 8,
+}
+
+
+def wrk(
+    url: str, seconds: float, connections: int, workdir: Path, proxy_pid: int | None, body: dict[str, Any]
+) -> dict[str, float]:
     script = workdir / "post.lua"
     script.write_text(
         'wrk.method = "POST"\n'
         'wrk.headers["Content-Type"] = "application/json"\n'
-        'wrk.body = \'{"model": "bench", "prompt": "hello there", "max_tokens": 8}\'\n'
+        f"wrk.body = {json.dumps(json.dumps(body))}\n"  # a Lua string literal: JSON string escaping suffices
     )
     cpu_before = cpu_seconds(proxy_pid) if proxy_pid else 0.0
     out = subprocess.run(
@@ -314,14 +334,16 @@ def main() -> None:
     proxies = ["nginx", "kvfleet"] + (["kvfleet-before"] if args.before_src else [])
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         workdir = Path(tmp)
-        stream_port, static_port = free_port(), free_port()
+        stream_port = free_port()
+        static_ports = [free_port() for _ in range(4)]
+        static_port = static_ports[0]
         stream_url = f"http://127.0.0.1:{stream_port}"
-        static_url = f"http://127.0.0.1:{static_port}"
+        static_urls = [f"http://127.0.0.1:{port}" for port in static_ports]
         backend_cmd = [sys.executable, str(BACKEND), "--port", str(stream_port), "--replica-id", "bench"]
         stack.enter_context(process(backend_cmd, stream_url + "/health"))
-        stack.enter_context(nginx(static_backend_block(static_port), static_port, workdir))
-        # name -> (streaming port, static port, pid serving the static path)
-        ports: dict[str, tuple[int, int, int | None]] = {"direct": (stream_port, static_port, None)}
+        stack.enter_context(nginx(static_backend_block(static_ports), static_port, workdir))
+        # name -> (streaming port or None (no latency test), static port, pid serving the static path)
+        ports: dict[str, tuple[int | None, int, int | None]] = {"direct": (stream_port, static_port, None)}
         for name in proxies:
             a, b = free_port(), free_port()
             if name == "nginx":
@@ -329,13 +351,17 @@ def main() -> None:
                 pid = stack.enter_context(nginx(proxy_block(b, static_port), b, workdir, proxy_cpu))
             else:
                 src = args.before_src if name == "kvfleet-before" else None
-                stack.enter_context(router(stream_url, a, proxy_cpu, src))
-                pid = stack.enter_context(router(static_url, b, proxy_cpu, src))
+                stack.enter_context(router([stream_url], a, proxy_cpu, src))
+                pid = stack.enter_context(router(static_urls[:1], b, proxy_cpu, src))
             ports[name] = (a, b, pid)
+        four = free_port()
+        ports["kvfleet-4"] = (None, four, stack.enter_context(router(static_urls, four, proxy_cpu)))
         for r in range(args.repeats):
-            result: dict[str, Any] = {"latency": {}, "throughput": {}}
+            result: dict[str, Any] = {"latency": {}, "throughput": {}, "throughput_long": {}}
             for streams in levels:
                 for name, (port, _, _) in ports.items():
+                    if port is None:
+                        continue
                     url = f"http://127.0.0.1:{port}"
                     lat = uvloop.run(stream_latency(url, streams, args.seconds, args.chunks, args.chunk_delay_s))
                     result["latency"][f"{name}@{streams}"] = lat
@@ -343,13 +369,14 @@ def main() -> None:
                         f"round {r} latency {name:14s} x{streams:<4d} ttfb p50 {lat['ttfb_s']['p50'] * 1000:.2f} ms "
                         f"p99 {lat['ttfb_s']['p99'] * 1000:.2f} ms ({lat['requests']} req, {lat['errors']} errors)"
                     )
-            for name, (_, port, pid) in ports.items():
-                got = wrk(f"http://127.0.0.1:{port}", args.seconds, args.connections, workdir, pid)
-                result["throughput"][name] = got
-                print(
-                    f"round {r} throughput {name:14s} {got['rps']:.0f} req/s, "
-                    f"proxy CPU {got['proxy_cpu_us_per_request']:.1f} us/req at {got['proxy_cpu_share']:.0%} of a core"
-                )
+            for key, body in (("throughput", SHORT_BODY), ("throughput_long", LONG_BODY)):
+                for name, (_, port, pid) in ports.items():
+                    got = wrk(f"http://127.0.0.1:{port}", args.seconds, args.connections, workdir, pid, body)
+                    result[key][name] = got
+                    print(
+                        f"round {r} {key} {name:14s} {got['rps']:.0f} req/s, proxy CPU "
+                        f"{got['proxy_cpu_us_per_request']:.1f} us/req at {got['proxy_cpu_share']:.0%} of a core"
+                    )
             rounds.append(result)
     write(args, levels, rounds, ["direct", *proxies], pin)
 
@@ -399,22 +426,28 @@ def write(
                 for metric in ("ttfb", "total")
                 for q in ("p50", "p99")
             }
-    for name in paths:
-        summary["throughput_rps"][name] = median_of(rounds, "throughput", name, "rps")
-    for name in proxies:
-        summary["proxy_cpu_us_per_request"][name] = median_of(rounds, "throughput", name, "proxy_cpu_us_per_request")
-        summary["proxy_cpu_share"][name] = median_of(rounds, "throughput", name, "proxy_cpu_share")
-    # Per round, then the median: the ratio in one round compares runs seconds apart.
-    ratios = {
-        name: statistics.median(r["throughput"][name]["rps"] / r["throughput"]["nginx"]["rps"] for r in rounds)
-        for name in proxies
-    }
-    summary["throughput_ratio_vs_nginx"] = ratios
-    ratio = ratios["kvfleet"]
+    tpaths = [*paths, "kvfleet-4"]  # kvfleet-4 is measured for throughput only
+    tproxies = [p for p in tpaths if p != "direct"]
+    ratios: dict[str, dict[str, float]] = {}
+    for key in ("throughput", "throughput_long"):
+        summary[f"{key}_rps"] = {name: median_of(rounds, key, name, "rps") for name in tpaths}
+        summary[f"{key}_proxy_cpu_us_per_request"] = {
+            name: median_of(rounds, key, name, "proxy_cpu_us_per_request") for name in tproxies
+        }
+        summary[f"{key}_proxy_cpu_share"] = {name: median_of(rounds, key, name, "proxy_cpu_share") for name in tproxies}
+        # Per round, then the median: the ratio in one round compares runs seconds apart.
+        ratios[key] = {
+            name: statistics.median(r[key][name]["rps"] / r[key]["nginx"]["rps"] for r in rounds) for name in tproxies
+        }
+    summary["proxy_cpu_us_per_request"] = summary["throughput_proxy_cpu_us_per_request"]
+    summary["proxy_cpu_share"] = summary["throughput_proxy_cpu_share"]
+    summary["throughput_ratio_vs_nginx"] = ratios["throughput"]
+    summary["throughput_long_ratio_vs_nginx"] = ratios["throughput_long"]
+    ratio = ratios["throughput"]["kvfleet"]
     cpu = summary["proxy_cpu_us_per_request"]
     cpu_ratio = cpu["nginx"] / cpu["kvfleet"]
     summary["cpu_efficiency_vs_nginx"] = cpu_ratio
-    spread = {name: [round(r["throughput"][name]["rps"]) for r in rounds] for name in paths}
+    spread = {name: [round(r["throughput"][name]["rps"]) for r in rounds] for name in tpaths}
     load = os.getloadavg()
     (out / "router_overhead.json").write_text(
         json.dumps(
@@ -455,18 +488,27 @@ def write(
                 f"| {level} | {name} | {m['ttfb_p50']:.2f} | {m['ttfb_p99']:.2f} | {m['total_p50']:.1f} | "
                 f"{m['total_p99']:.1f} | {extra} |"
             )
+    long_cpu = summary["throughput_long_proxy_cpu_us_per_request"]
     lines += [
         "",
         f"Throughput: wrk (1 thread), {args.connections} keep-alive connections, POST, against nginx returning a "
-        "fixed JSON answer. Proxy CPU = the proxy process's utime + stime over the run / requests served.",
+        "fixed JSON answer. Short: a one-line completion. Long: a chat request with a ~16k-character system "
+        "prompt. kvfleet-4: the router choosing among 4 replicas (4 ports of that nginx). Proxy CPU = the proxy "
+        "process's utime + stime over the run / requests served.",
         "",
-        "| path | req/s (median) | vs nginx | per round | proxy CPU (us/request) | proxy CPU used (share of a core) |",
-        "|---|---|---|---|---|---|",
+        "| path | short: req/s | vs nginx | per round | proxy CPU (us/req) | share of a core "
+        "| long: req/s | vs nginx | proxy CPU (us/req) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in paths:
-        vs = f"{ratios[name]:.0%}" if name in ratios else "-"
+    for name in tpaths:
+        vs = f"{ratios['throughput'][name]:.0%}" if name in cpu else "-"
         c = f"{cpu[name]:.1f} | {summary['proxy_cpu_share'][name]:.0%}" if name in cpu else "- | -"
-        lines.append(f"| {name} | {summary['throughput_rps'][name]:.0f} | {vs} | {spread[name]} | {c} |")
+        long_vs = f"{ratios['throughput_long'][name]:.0%}" if name in long_cpu else "-"
+        long_c = f"{long_cpu[name]:.1f}" if name in long_cpu else "-"
+        lines.append(
+            f"| {name} | {summary['throughput_rps'][name]:.0f} | {vs} | {spread[name]} | {c} | "
+            f"{summary['throughput_long_rps'][name]:.0f} | {long_vs} | {long_c} |"
+        )
     top = max(levels)
     p50, p99 = added[f"kvfleet@{top}"]["ttfb_p50"], added[f"kvfleet@{top}"]["ttfb_p99"]
     lines += [
@@ -476,14 +518,18 @@ def write(
         f"| added p50 <= 1 ms at {top} streams | {p50:.2f} ms | {'yes' if p50 <= 1 else 'NO'} |",
         f"| added p99 <= 5 ms at {top} streams | {p99:.2f} ms | {'yes' if p99 <= 5 else 'NO'} |",
         f"| throughput >= 30% of nginx's | {ratio:.0%} | {'yes' if ratio >= 0.3 else 'NO'} |",
+        f"| (the same, 4 replicas) | {ratios['throughput']['kvfleet-4']:.0%} | "
+        f"{'yes' if ratios['throughput']['kvfleet-4'] >= 0.3 else 'NO'} |",
+        f"| (the same, ~4k-token prompts) | {ratios['throughput_long']['kvfleet']:.0%} | "
+        f"{'yes' if ratios['throughput_long']['kvfleet'] >= 0.3 else 'NO'} |",
         f"| (CPU per request, nginx's / kvfleet's) | {cpu_ratio:.0%} | {'yes' if cpu_ratio >= 0.3 else 'NO'} |",
     ]
     (out / "router_overhead.md").write_text("\n".join(lines) + "\n")
-    plot(out / "router_overhead.png", levels, summary, paths)
+    plot(out / "router_overhead.png", levels, summary, paths, tpaths)
     print("\n".join(lines))
 
 
-def plot(path: Path, levels: list[int], summary: dict[str, Any], names: list[str]) -> None:
+def plot(path: Path, levels: list[int], summary: dict[str, Any], names: list[str], tnames: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -492,7 +538,6 @@ def plot(path: Path, levels: list[int], summary: dict[str, Any], names: list[str
     fig, axes = plt.subplots(1, len(levels) + 2, figsize=(5 * (len(levels) + 2), 4))
     lat = summary["latency_ms"]
     xs = range(len(names))
-    colours = {"direct": "grey", "nginx": "tab:green", "kvfleet": "tab:blue", "kvfleet-before": "tab:orange"}
     for ax, level in zip(axes, levels, strict=False):
         ax.bar([x - 0.2 for x in xs], [lat[f"{n}@{level}"]["ttfb_p50"] for n in names], 0.4, label="TTFB p50")
         ax.bar([x + 0.2 for x in xs], [lat[f"{n}@{level}"]["ttfb_p99"] for n in names], 0.4, label="TTFB p99")
@@ -501,14 +546,25 @@ def plot(path: Path, levels: list[int], summary: dict[str, Any], names: list[str
         ax.set_title(f"time to first byte, {level} SSE streams")
         ax.legend()
     b = axes[len(levels)]
-    b.bar(names, [summary["throughput_rps"][n] for n in names], color=[colours.get(n, "k") for n in names])
+    txs = range(len(tnames))
+    for offset, key, label in ((-0.2, "throughput_rps", "short prompt"), (0.2, "throughput_long_rps", "~4k tokens")):
+        b.bar([x + offset for x in txs], [summary[key][n] for n in tnames], 0.4, label=label)
+    b.set_xticks(list(txs), tnames)
     b.set_ylabel("requests/s")
     b.set_title("sustained throughput (wrk)")
+    b.legend()
     c = axes[len(levels) + 1]
-    proxies = [n for n in names if n != "direct"]
-    c.bar(proxies, [summary["proxy_cpu_us_per_request"][n] for n in proxies], color=[colours[n] for n in proxies])
+    proxies = [n for n in tnames if n != "direct"]
+    pxs = range(len(proxies))
+    for offset, key, label in (
+        (-0.2, "throughput_proxy_cpu_us_per_request", "short prompt"),
+        (0.2, "throughput_long_proxy_cpu_us_per_request", "~4k tokens"),
+    ):
+        c.bar([x + offset for x in pxs], [summary[key][n] for n in proxies], 0.4, label=label)
+    c.set_xticks(list(pxs), proxies)
     c.set_ylabel("CPU microseconds per request")
     c.set_title("proxy CPU per request (lower is better)")
+    c.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
