@@ -8,8 +8,17 @@ Contracts:
   strategy counts prompt blocks (blocks of prefill a replica saves, against in-flight requests
   priced in blocks of prefill each).
 - A ``Picker`` chooses one candidate given the weighted total scores.
-Nothing here does I/O or reads a clock: the fleet passes in each replica's in-flight count and state,
-and records the pick in the prefix index only after this returns.
+Nothing here does I/O or reads a clock: the fleet passes in each replica's counts and state, and
+records the pick in the prefix index only after this returns.
+
+Two load signals, each used where it measures what matters:
+- ``waiting``: requests sent and not yet answered with a first byte, i.e. queued or prefilling. A new
+  request's TTFT is the prefill ahead of it, so the queue scorer and least-load rank by this first.
+  With continuous batching most in-flight requests are decoding and say little about that queue;
+  a replica that just joined with nothing in flight is not therefore the shortest queue for long.
+- ``inflight``: everything sent and not finished (decoding too). The load bound caps this (the
+  spec's ``loadImbalanceBound`` x the mean in flight), and among equal queues the fewest in flight
+  wins (a smaller decode batch).
 """
 
 from __future__ import annotations
@@ -28,9 +37,10 @@ class Candidate(NamedTuple):
     """One replica as the picker sees it."""
 
     replica_id: str
-    inflight: int
+    inflight: int  # sent, not finished
     draining: bool = False
     ejected: bool = False
+    waiting: int = 0  # sent, no response byte yet: queued or prefilling
 
 
 class PickRequest(NamedTuple):
@@ -139,29 +149,35 @@ class PrefixScorer:
 
 
 class QueueScorer:
-    """Minus the in-flight requests a candidate has beyond the least-loaded candidate.
+    """Minus the requests ahead in a candidate's prefill queue beyond the shortest queue's.
 
-    Weighted by the blocks of prefill one request ahead is worth, it prices load in the prefix
-    scorer's unit: a replica holding ``m`` more blocks wins while it has fewer than ``m / weight``
-    more requests in flight. Short prompts therefore move off busy replicas first, which keeps
-    headroom under the load bound for the long ones that are costly to move.
+    The queue is ``waiting`` (sent, no first byte yet), not in-flight: decoding requests hardly
+    delay a new request's first token under continuous batching, queued prefills do. Weighted by
+    the blocks of prefill one request ahead is worth, it prices queueing in the prefix scorer's
+    unit: a replica holding ``m`` more blocks wins while it has fewer than ``m / weight`` more
+    requests waiting. Short prompts therefore move off busy replicas first, which keeps headroom
+    under the load bound for the long ones that are costly to move.
     """
 
     name = "queue"
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
-        least = min((c.inflight for c in candidates), default=0)
-        return {c.replica_id: float(least - c.inflight) for c in candidates}
+        least = min((c.waiting for c in candidates), default=0)
+        return {c.replica_id: float(least - c.waiting) for c in candidates}
 
 
 class LoadScorer:
-    """1 for an idle replica, falling towards 0 as its in-flight count nears the busiest candidate's."""
+    """1 for an empty prefill queue, falling towards 0 as ``waiting`` nears the longest queue's.
+
+    Ties (equal queues, e.g. all empty) go to the fewest in flight in ``MaxScorePicker``, so
+    least-load is "shortest prefill queue, then smallest decode batch".
+    """
 
     name = "load"
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
-        busiest = max((c.inflight for c in candidates), default=0)
-        return {c.replica_id: 1.0 - c.inflight / (busiest + 1) for c in candidates}
+        longest = max((c.waiting for c in candidates), default=0)
+        return {c.replica_id: 1.0 - c.waiting / (longest + 1) for c in candidates}
 
 
 @dataclass

@@ -223,6 +223,7 @@ class Proxy:
         except BaseException:
             upstream.close()
             raise
+        lease.first_byte()
         return upstream, first
 
     async def _relay(

@@ -27,7 +27,14 @@ def hashes(text: str) -> list[int]:
 
 
 def cands(**inflight: int) -> list[Candidate]:
-    return [Candidate(name, n) for name, n in inflight.items()]
+    """Every request in flight still waiting for its first byte (waiting = in flight): the picker as it
+    was before it had the waiting count, so these tests keep their numbers."""
+    return [Candidate(name, n, waiting=n) for name, n in inflight.items()]
+
+
+def queues(**counts: tuple[int, int]) -> list[Candidate]:
+    """Candidates from (in flight, waiting) pairs."""
+    return [Candidate(name, inflight, waiting=waiting) for name, (inflight, waiting) in counts.items()]
 
 
 def test_bounded_load_cap_by_hand() -> None:
@@ -173,3 +180,91 @@ def test_outlier_ejection_backs_off_and_recovers() -> None:
     assert det.record_failure("r", now_s=10.0) == 1.0  # a success resets the back-off
     det.forget("r")
     assert det.tracked() == []
+
+
+def test_queue_and_load_scorers_count_waiting_not_inflight() -> None:
+    # a: 10 in flight, all decoding (none waiting); b: 2 in flight, both waiting; c: 4 in flight, 1 waiting.
+    candidates = queues(a=(10, 0), b=(2, 2), c=(4, 1))
+    assert QueueScorer().score(candidates, PickRequest()) == {"a": 0.0, "b": -2.0, "c": -1.0}
+    # longest queue 2: 1 - waiting / 3
+    assert LoadScorer().score(candidates, PickRequest()) == {
+        "a": 1.0,
+        "b": pytest.approx(1 / 3),
+        "c": pytest.approx(2 / 3),
+    }
+
+
+def test_least_load_is_shortest_queue_then_fewest_inflight() -> None:
+    least = build_strategy(RoutingSpec(strategy="least-load"), PrefixIndex(100), load_penalty_blocks=4)
+    # a and c have empty queues; c has the smaller decode batch.
+    pick = least.pick(queues(a=(10, 0), b=(2, 1), c=(4, 0)), PickRequest())
+    assert pick is not None and pick.replica_id == "c"
+    # b has the fewest in flight but one request ahead in its queue: a, with 10 decoding, starts sooner.
+    pick = least.pick(queues(a=(10, 0), b=(2, 1)), PickRequest())
+    assert pick is not None and pick.replica_id == "a"
+
+
+def test_prefix_prices_requests_waiting_not_decoding() -> None:
+    """Score = matched blocks - load_penalty_blocks x (waiting - least waiting); decoding costs nothing."""
+    index = PrefixIndex(100)
+    strategy = build_strategy(RoutingSpec(load_imbalance_bound=3.0), index, load_penalty_blocks=2)
+    prompt = hashes("SSSSaaaabbbbccccddddeeeeffff")  # 7 blocks; a holds the first 6, b only the first
+    index.record("a", prompt[:6])
+    index.record("b", prompt[:1])
+    # cap = ceil(3 x (9 + 1 + 1 + 1 + 1) / 4) = ceil(9.75) = 10: a (9 in flight) still fits.
+    # a: 6 - 2 x (2 - 0) = 2; b: 1 - 0 = 1; c, d: 0 -> a, though 8 more in flight than b (in-flight: 6 - 16 = -10).
+    pick = strategy.pick(queues(a=(9, 2), b=(1, 0), c=(1, 0), d=(1, 0)), PickRequest(prompt))
+    assert pick is not None and pick.replica_id == "a"
+    # a with 3 waiting: 6 - 2 x 3 = 0 < b's 1 -> b.
+    pick = strategy.pick(queues(a=(9, 3), b=(1, 0), c=(1, 0), d=(1, 0)), PickRequest(prompt))
+    assert pick is not None and pick.replica_id == "b"
+
+
+def test_the_load_bound_stays_on_inflight() -> None:
+    index = PrefixIndex(100)
+    strategy = build_strategy(RoutingSpec(load_imbalance_bound=1.25), index, load_penalty_blocks=4)
+    prompt = hashes("SSSSaaaabbbbcccc")
+    index.record("a", prompt)
+    # a has an empty queue, but 7 in flight: cap = ceil(1.25 x (7 + 1 + 1 + 1 + 1) / 4) = ceil(3.4375) = 4.
+    pick = strategy.pick(queues(a=(7, 0), b=(1, 1), c=(1, 1), d=(1, 1)), PickRequest(prompt))
+    assert pick is not None and pick.replica_id != "a"
+    assert "bounded-load: dropped a" in pick.reason
+
+
+@pytest.mark.parametrize(
+    ("signal", "to_new", "joined_at"),
+    [
+        # The picker fed in-flight as its queue (as before the waiting count): the empty replica takes all 12.
+        ("inflight", 12, list(range(1, 13))),
+        # Waiting first: h takes arrivals until its queue is level with the others' 2 (arrivals 1-2), wins
+        # the tie on in-flight (3), then the seven others take one each (4-10) and h the next tie (11).
+        ("waiting", 4, [1, 2, 3, 11]),
+    ],
+)
+@pytest.mark.parametrize("strategy_name", ["least-load", "prefix"])
+def test_a_replica_that_joins_empty_gets_its_queue_level_not_every_arrival(
+    signal: str, to_new: int, joined_at: list[int], strategy_name: str
+) -> None:
+    """a-g run 40 requests each, 2 of them waiting; h joins with none. 12 arrivals, none finishing.
+
+    Eight replicas, so the load bound does not bind: cap = ceil(1.25 x (280 + 1) / 8) = 44 > 40. (With
+    four, 3 x 40 / 4 = 30 is the mean and the others' 40 is over 1.25 x 30: the bound, on in-flight by
+    the spec, itself sends the joiner everything until the others fit under it again.)
+    """
+    strategy = build_strategy(RoutingSpec(strategy=strategy_name), PrefixIndex(100), load_penalty_blocks=4)
+    counts = {r: [40, 2] for r in "abcdefg"} | {"h": [0, 0]}
+    picked = []
+    for i in range(12):
+        candidates = [
+            Candidate(r, inflight, waiting=waiting if signal == "waiting" else inflight)
+            for r, (inflight, waiting) in counts.items()
+        ]
+        pick = strategy.pick(candidates, PickRequest(hashes(f"{i:04d} nothing shared")))
+        assert pick is not None
+        counts[pick.replica_id][0] += 1
+        counts[pick.replica_id][1] += 1
+        picked.append(pick.replica_id)
+    assert [i + 1 for i, r in enumerate(picked) if r == "h"] == joined_at, picked
+    assert counts["h"] == [to_new, to_new]
+    if signal == "waiting":  # the other 8 arrivals: one each (4-10), then one more (12)
+        assert sorted(n for r, (n, _) in counts.items() if r != "h") == [41] * 6 + [42]
