@@ -13,12 +13,15 @@ records the pick in the prefix index only after this returns.
 
 Two load signals, each used where it measures what matters:
 - ``waiting``: requests sent and not yet answered with a first byte, i.e. queued or prefilling. A new
-  request's TTFT is the prefill ahead of it, so the queue scorer and least-load rank by this first.
-  With continuous batching most in-flight requests are decoding and say little about that queue;
-  a replica that just joined with nothing in flight is not therefore the shortest queue for long.
+  request's TTFT is the prefill ahead of it; with continuous batching most in-flight requests are
+  decoding and say little about that queue, and a replica that just joined with nothing in flight
+  is not therefore the shortest queue for long. Least-load ranks by it first, and so does the queue
+  scorer for a prompt no replica holds any of (its placement has no future cost, only its wait).
 - ``inflight``: everything sent and not finished (decoding too). The load bound caps this (the
-  spec's ``loadImbalanceBound`` x the mean in flight), and among equal queues the fewest in flight
-  wins (a smaller decode batch).
+  spec's ``loadImbalanceBound`` x the mean in flight); the queue scorer prices it for a prompt some
+  replica holds a prefix of, which keeps headroom under that bound for the placements worth keeping
+  (routing_sim: pricing waiting there instead lost hit rate in multi-turn chat); among equal scores
+  the fewest in flight wins (a smaller decode batch).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class Pick(NamedTuple):
     inflight: int = 0
     score: float = 0.0
     dropped: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (filter, replicas it dropped; empty: it left none)
+    waiting: int = 0
 
     @property
     def match_ratio(self) -> float:
@@ -69,7 +73,7 @@ class Pick(NamedTuple):
     def reason(self) -> str:
         text = (
             f"{self.strategy}: {self.replica_id} matched {self.matched_blocks}/{self.total_blocks} blocks, "
-            f"in-flight {self.inflight}, score {self.score:.3f}"
+            f"in-flight {self.inflight}, waiting {self.waiting}, score {self.score:.3f}"
         )
         notes = [
             f"{name}: dropped {','.join(gone)}" if gone else f"{name}: kept all (filter left none)"
@@ -148,20 +152,32 @@ class PrefixScorer:
         return {c.replica_id: float(self.index.matched_blocks(c.replica_id, request.hashes)) for c in candidates}
 
 
+@dataclass
 class QueueScorer:
-    """Minus the requests ahead in a candidate's prefill queue beyond the shortest queue's.
+    """Minus the load a candidate has beyond the least-loaded candidate, in requests.
 
-    The queue is ``waiting`` (sent, no first byte yet), not in-flight: decoding requests hardly
-    delay a new request's first token under continuous batching, queued prefills do. Weighted by
-    the blocks of prefill one request ahead is worth, it prices queueing in the prefix scorer's
-    unit: a replica holding ``m`` more blocks wins while it has fewer than ``m / weight`` more
-    requests waiting. Short prompts therefore move off busy replicas first, which keeps headroom
-    under the load bound for the long ones that are costly to move.
+    Weighted by the blocks of prefill one request is worth, it prices load in the prefix scorer's
+    unit. Which count is the load depends on whether the prompt has a home:
+    - some candidate holds the prompt's first block (so a prefix of it): in-flight. A replica
+      holding ``m`` more blocks wins while it has fewer than ``m / weight`` more requests in
+      flight, so short prompts move off busy replicas first, keeping headroom under the in-flight
+      load bound for the long ones that are costly to move (and costly again next turn).
+    - none does (or no index): ``waiting``, the prefill queue. Nothing is cached anywhere, so the
+      pick has no future cost and the only one is the wait before this request's prefill, which
+      queued prefills set and decoding requests hardly touch.
+    One hash lookup per candidate decides it (a prefix match implies the first block).
     """
 
-    name = "queue"
+    index: PrefixIndex | None = None
+    name: str = "queue"
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
+        index = self.index
+        if index is not None and request.hashes:
+            first = request.hashes[0]
+            if any(index.holds(c.replica_id, first) for c in candidates):
+                least = min(c.inflight for c in candidates)
+                return {c.replica_id: float(least - c.inflight) for c in candidates}
         least = min((c.waiting for c in candidates), default=0)
         return {c.replica_id: float(least - c.waiting) for c in candidates}
 
@@ -252,6 +268,7 @@ class Strategy:
             chosen.inflight,
             totals[chosen.replica_id],
             tuple(dropped),
+            chosen.waiting,
         )
 
 
@@ -269,6 +286,6 @@ def build_strategy(routing: RoutingSpec, index: PrefixIndex, *, load_penalty_blo
         "prefix",
         index,
         [routable, BoundedLoadFilter(routing.load_imbalance_bound)],
-        [(PrefixScorer(index), 1.0), (QueueScorer(), load_penalty_blocks)],
+        [(PrefixScorer(index), 1.0), (QueueScorer(index), load_penalty_blocks)],
         MaxScorePicker(),
     )

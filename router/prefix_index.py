@@ -49,6 +49,11 @@ class PrefixIndex:
             matched += 1
         return matched
 
+    def holds(self, replica_id: str, block_hash: int) -> bool:
+        """Whether the replica is believed to hold this block (read-only)."""
+        lru = self._lru.get(replica_id)
+        return lru is not None and block_hash in lru
+
     def record(self, replica_id: str, hashes: Sequence[int]) -> None:
         """The prompt was sent to the replica: its blocks are now the most recently used there."""
         lru = self._lru.setdefault(replica_id, OrderedDict())

@@ -182,16 +182,19 @@ def test_outlier_ejection_backs_off_and_recovers() -> None:
     assert det.tracked() == []
 
 
-def test_queue_and_load_scorers_count_waiting_not_inflight() -> None:
+def test_queue_scorer_prices_waiting_when_no_replica_holds_the_prompt() -> None:
     # a: 10 in flight, all decoding (none waiting); b: 2 in flight, both waiting; c: 4 in flight, 1 waiting.
     candidates = queues(a=(10, 0), b=(2, 2), c=(4, 1))
-    assert QueueScorer().score(candidates, PickRequest()) == {"a": 0.0, "b": -2.0, "c": -1.0}
+    index = PrefixIndex(100)
+    request = PickRequest(hashes("SSSSqqqq"))
+    # Nothing cached anywhere: the prefill queue beyond the shortest (a's 0).
+    assert QueueScorer(index).score(candidates, request) == {"a": 0.0, "b": -2.0, "c": -1.0}
+    assert QueueScorer().score(candidates, request) == {"a": 0.0, "b": -2.0, "c": -1.0}  # no index: the same
+    # c holds the first block: in flight beyond the least (b's 2), to keep headroom under the bound.
+    index.record("c", hashes("SSSSzzzz"))
+    assert QueueScorer(index).score(candidates, request) == {"a": -8.0, "b": 0.0, "c": -2.0}
     # longest queue 2: 1 - waiting / 3
-    assert LoadScorer().score(candidates, PickRequest()) == {
-        "a": 1.0,
-        "b": pytest.approx(1 / 3),
-        "c": pytest.approx(2 / 3),
-    }
+    assert LoadScorer().score(candidates, request) == {"a": 1.0, "b": pytest.approx(1 / 3), "c": pytest.approx(2 / 3)}
 
 
 def test_least_load_is_shortest_queue_then_fewest_inflight() -> None:
@@ -199,36 +202,42 @@ def test_least_load_is_shortest_queue_then_fewest_inflight() -> None:
     # a and c have empty queues; c has the smaller decode batch.
     pick = least.pick(queues(a=(10, 0), b=(2, 1), c=(4, 0)), PickRequest())
     assert pick is not None and pick.replica_id == "c"
+    assert "in-flight 4, waiting 0" in pick.reason
     # b has the fewest in flight but one request ahead in its queue: a, with 10 decoding, starts sooner.
     pick = least.pick(queues(a=(10, 0), b=(2, 1)), PickRequest())
     assert pick is not None and pick.replica_id == "a"
 
 
-def test_prefix_prices_requests_waiting_not_decoding() -> None:
-    """Score = matched blocks - load_penalty_blocks x (waiting - least waiting); decoding costs nothing."""
+def test_prefix_strategy_prices_waiting_only_for_a_prompt_with_no_home() -> None:
     index = PrefixIndex(100)
     strategy = build_strategy(RoutingSpec(load_imbalance_bound=3.0), index, load_penalty_blocks=2)
-    prompt = hashes("SSSSaaaabbbbccccddddeeeeffff")  # 7 blocks; a holds the first 6, b only the first
-    index.record("a", prompt[:6])
-    index.record("b", prompt[:1])
-    # cap = ceil(3 x (9 + 1 + 1 + 1 + 1) / 4) = ceil(9.75) = 10: a (9 in flight) still fits.
-    # a: 6 - 2 x (2 - 0) = 2; b: 1 - 0 = 1; c, d: 0 -> a, though 8 more in flight than b (in-flight: 6 - 16 = -10).
-    pick = strategy.pick(queues(a=(9, 2), b=(1, 0), c=(1, 0), d=(1, 0)), PickRequest(prompt))
-    assert pick is not None and pick.replica_id == "a"
-    # a with 3 waiting: 6 - 2 x 3 = 0 < b's 1 -> b.
-    pick = strategy.pick(queues(a=(9, 3), b=(1, 0), c=(1, 0), d=(1, 0)), PickRequest(prompt))
+    # cap = ceil(3 x (6 + 1 + 2 + 1) / 3) = 10: everyone fits.
+    counts = queues(a=(6, 0), b=(1, 2), c=(2, 1))
+    # Nothing cached: -2 x waiting beyond a's 0: a 0, b -4, c -2 -> a (6 decoding, an empty queue).
+    pick = strategy.pick(counts, PickRequest(hashes("SSSSaaaa")))
+    assert pick is not None and pick.replica_id == "a" and pick.matched_blocks == 0
+    # a holds 2 blocks of this prompt: in flight is priced: a 2 - 2 x (6 - 1) = -8, b 0, c -2 -> b.
+    index.record("a", hashes("TTTTbbbb"))
+    pick = strategy.pick(counts, PickRequest(hashes("TTTTbbbbcccc")))
     assert pick is not None and pick.replica_id == "b"
+    # a holds all 12 blocks of a longer prompt: 12 - 10 = 2 > b's 0 -> a.
+    long = hashes("UUUU" + "x" * 44)
+    index.record("a", long)
+    pick = strategy.pick(counts, PickRequest(long))
+    assert pick is not None and pick.replica_id == "a" and pick.matched_blocks == 12
 
 
 def test_the_load_bound_stays_on_inflight() -> None:
-    index = PrefixIndex(100)
-    strategy = build_strategy(RoutingSpec(load_imbalance_bound=1.25), index, load_penalty_blocks=4)
-    prompt = hashes("SSSSaaaabbbbcccc")
-    index.record("a", prompt)
-    # a has an empty queue, but 7 in flight: cap = ceil(1.25 x (7 + 1 + 1 + 1 + 1) / 4) = ceil(3.4375) = 4.
-    pick = strategy.pick(queues(a=(7, 0), b=(1, 1), c=(1, 1), d=(1, 1)), PickRequest(prompt))
+    strategy = build_strategy(RoutingSpec(load_imbalance_bound=1.25), PrefixIndex(100), load_penalty_blocks=4)
+    # Nothing cached, so the queue decides and a's is the shortest; but a has 7 in flight:
+    # cap = ceil(1.25 x (7 + 1 + 1 + 1 + 1) / 4) = ceil(3.4375) = 4, and 7 + 1 > 4.
+    pick = strategy.pick(queues(a=(7, 0), b=(1, 1), c=(1, 1), d=(1, 1)), PickRequest(hashes("SSSSaaaa")))
     assert pick is not None and pick.replica_id != "a"
     assert "bounded-load: dropped a" in pick.reason
+    # Without the bound (3.0: cap ceil(3 x 11 / 4) = 9) the shortest queue wins.
+    loose = build_strategy(RoutingSpec(load_imbalance_bound=3.0), PrefixIndex(100), load_penalty_blocks=4)
+    pick = loose.pick(queues(a=(7, 0), b=(1, 1), c=(1, 1), d=(1, 1)), PickRequest(hashes("SSSSaaaa")))
+    assert pick is not None and pick.replica_id == "a"
 
 
 @pytest.mark.parametrize(
