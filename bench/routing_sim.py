@@ -22,7 +22,7 @@ Two variants, both reported (docs/benchmarks/router.md section 1 says why each e
 - ``small``: the earlier configuration (2048 blocks of 128 chars, ~64k tokens per replica; small
   workloads that mostly fit one replica), the regime where every strategy already hits.
 
-    .venv/bin/python bench/routing_sim.py                # both variants, ~3 minutes
+    .venv/bin/python bench/routing_sim.py                # both variants and the join, ~70 s
     .venv/bin/python bench/routing_sim.py --variant h100 --requests 30000 --replicas 16
 
 Writes docs/benchmarks/router_sim.{json,md,png}.
