@@ -158,26 +158,22 @@ class QueueScorer:
 
     Weighted by the blocks of prefill one request is worth, it prices load in the prefix scorer's
     unit. Which count is the load depends on whether the prompt has a home:
-    - some candidate holds the prompt's first block (so a prefix of it): in-flight. A replica
-      holding ``m`` more blocks wins while it has fewer than ``m / weight`` more requests in
+    - some replica holds the prompt's first block (so a prefix of it), by the index: in-flight. A
+      replica holding ``m`` more blocks wins while it has fewer than ``m / weight`` more requests in
       flight, so short prompts move off busy replicas first, keeping headroom under the in-flight
       load bound for the long ones that are costly to move (and costly again next turn).
     - none does (or no index): ``waiting``, the prefill queue. Nothing is cached anywhere, so the
       pick has no future cost and the only one is the wait before this request's prefill, which
       queued prefills set and decoding requests hardly touch.
-    One hash lookup per candidate decides it (a prefix match implies the first block).
     """
 
     index: PrefixIndex | None = None
     name: str = "queue"
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
-        index = self.index
-        if index is not None and request.hashes:
-            first = request.hashes[0]
-            if any(index.holds(c.replica_id, first) for c in candidates):
-                least = min(c.inflight for c in candidates)
-                return {c.replica_id: float(least - c.inflight) for c in candidates}
+        if self.index is not None and request.hashes and self.index.held_anywhere(request.hashes[0]):
+            least = min(c.inflight for c in candidates)
+            return {c.replica_id: float(least - c.inflight) for c in candidates}
         least = min((c.waiting for c in candidates), default=0)
         return {c.replica_id: float(least - c.waiting) for c in candidates}
 
