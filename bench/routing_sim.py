@@ -2,9 +2,17 @@
 
 Each replica is modelled as an engine with an exact LRU prefix cache (block hashes, tails evicted
 first, as vLLM frees them) and a queue; a request's modelled TTFT is its wait in the queue plus the
-prefill of its uncached tokens. The strategies are round-robin, least-load, sticky consistent hashing
-(no load bound, like KubeAI's CHWBL without its bound), and kvfleet's own picker -- the real
-``kvfleet.router.picking`` code, not a copy.
+prefill of its uncached tokens. The strategies are round-robin, least-load (fewest in flight, the
+classic baseline), sticky consistent hashing (no load bound, like KubeAI's CHWBL without its bound),
+and kvfleet's own pickers -- the real ``kvfleet.router.picking`` code, not a copy -- given what the
+router knows: each replica's in-flight count and its count of requests awaiting their first byte
+(queued or prefilling). ``kvfleet``'s prefix strategy is also run with that waiting count replaced
+by the in-flight count (``kvfleet (in-flight signal)``), which is exactly the picker before the
+waiting signal existed.
+
+A second scenario, the join (``--join``, on by default for the h100 variant): one replica is absent
+until the middle of the measured window and then joins empty while the others are loaded; it
+reports how the arrivals of the next seconds spread and what that does to TTFT.
 
 Two variants, both reported (docs/benchmarks/router.md section 1 says why each exists):
 
@@ -14,7 +22,7 @@ Two variants, both reported (docs/benchmarks/router.md section 1 says why each e
 - ``small``: the earlier configuration (2048 blocks of 128 chars, ~64k tokens per replica; small
   workloads that mostly fit one replica), the regime where every strategy already hits.
 
-    .venv/bin/python bench/routing_sim.py                # both variants, ~3 minutes
+    .venv/bin/python bench/routing_sim.py                # both variants and the join, ~70 s
     .venv/bin/python bench/routing_sim.py --variant h100 --requests 30000 --replicas 16
 
 Writes docs/benchmarks/router_sim.{json,md,png}.
@@ -296,6 +304,7 @@ class Engine:
         self.running = 0
         self.waiting: deque[tuple[float, Request]] = deque()
         self.assigned = 0  # queued + running + decoding: the in-flight count the router sees
+        self.unanswered = 0  # queued + prefilling (no first token yet): the router's waiting count
         self.served = 0
 
     def hit_blocks(self, hashes: list[int]) -> int:
@@ -356,13 +365,19 @@ def sticky_hash(n_replicas: int, vnodes: int = 100) -> Router:
     return route
 
 
-def kvfleet(cache_blocks: int, bound: float, load_penalty_blocks: float) -> Router:
+def kvfleet(
+    cache_blocks: int, bound: float, load_penalty_blocks: float, *, strategy_name: str = "prefix", waiting: bool = True
+) -> Router:
+    """kvfleet's picker; ``waiting=False`` feeds it the in-flight count as the waiting count (the old picker)."""
     index = PrefixIndex(cache_blocks)
-    routing = RoutingSpec(prefix_block_chars=BLOCK_CHARS, load_imbalance_bound=bound)
+    routing = RoutingSpec(prefix_block_chars=BLOCK_CHARS, load_imbalance_bound=bound, strategy=strategy_name)
     strategy = build_strategy(routing, index, load_penalty_blocks=load_penalty_blocks)
 
     def route(req: Request, engines: list[Engine]) -> int:
-        candidates = [Candidate(str(i), e.assigned) for i, e in enumerate(engines)]
+        candidates = [
+            Candidate(str(i), e.assigned, waiting=e.unanswered if waiting else e.assigned)
+            for i, e in enumerate(engines)
+        ]
         pick = strategy.pick(candidates, PickRequest(req.hashes))
         assert pick is not None
         index.record(pick.replica_id, req.hashes)
@@ -374,22 +389,44 @@ def kvfleet(cache_blocks: int, bound: float, load_penalty_blocks: float) -> Rout
 # -- simulation -------------------------------------------------------------------------------------
 
 
-def simulate(requests: list[Request], route: Router, p: Params) -> dict[str, float]:
-    """Replay the trace; requests before ``p.warmup_requests`` warm the caches and are not measured."""
+@dataclass(frozen=True)
+class Join:
+    """The last replica is absent until ``at_s`` and then joins empty; measured over ``window_s`` after."""
+
+    at_s: float
+    window_s: float
+    slo_s: float  # a TTFT miss: autoscale_sim's first TTFT SLO (1 s)
+
+
+def simulate(requests: list[Request], route: Router, p: Params, join: Join | None = None) -> dict[str, float]:
+    """Replay the trace; requests before ``p.warmup_requests`` warm the caches and are not measured.
+
+    With ``join`` only the requests arriving in the join window are measured, and the figures about
+    the joining replica (``joined_*``) are added.
+    """
     m = p.engine
     engines = [Engine(m.cache_blocks, m.slots) for _ in range(p.replicas)]
-    # (time, seq, kind, replica, request): "arrive"; "slot" frees a slot; "finish" ends the request
+    joined = engines[-1]
+    # (time, seq, kind, replica, request): "arrive"; "first" ends a prefill (the first token);
+    # "slot" frees a slot; "finish" ends the request
     events: list[tuple[float, int, str, int, Request | None]] = []
     seq = 0
     for req in requests:
         heapq.heappush(events, (req.arrival_s, seq, "arrive", -1, req))
         seq += 1
-    measured_from_s = requests[p.warmup_requests].arrival_s
+    measured_from_s = requests[p.warmup_requests].arrival_s if join is None else join.at_s
+    measured_to_s = float("inf") if join is None else join.at_s + join.window_s
     ttft: list[float] = []
     hit_tokens = 0
     prompt_tokens = 0
     inflight_samples: list[float] = []
     served = [0] * p.replicas
+    first_second = 0  # arrivals in the join's first second, and how many went to the joining replica
+    first_second_joined = 0
+    joined_peak_waiting = 0
+
+    def measured(arrival_s: float) -> bool:
+        return measured_from_s <= arrival_s < measured_to_s
 
     def start(i: int, now: float, req: Request) -> None:
         nonlocal seq, hit_tokens, prompt_tokens
@@ -399,31 +436,41 @@ def simulate(requests: list[Request], route: Router, p: Params) -> dict[str, flo
         hit = engine.hit_blocks(req.hashes) * BLOCK_TOKENS
         engine.insert(req.hashes)
         prefill = (tokens - hit) * m.prefill_s_per_token
-        if req.arrival_s >= measured_from_s:
+        if measured(req.arrival_s):
             hit_tokens += hit
             prompt_tokens += tokens
             ttft.append(now - req.arrival_s + prefill)
         done = now + prefill + m.output_tokens * m.decode_s_per_token
-        heapq.heappush(events, (done if m.decode_holds_slot else now + prefill, seq, "slot", i, None))
-        heapq.heappush(events, (done, seq + 1, "finish", i, None))
-        seq += 2
+        heapq.heappush(events, (now + prefill, seq, "first", i, None))
+        heapq.heappush(events, (done if m.decode_holds_slot else now + prefill, seq + 1, "slot", i, None))
+        heapq.heappush(events, (done, seq + 2, "finish", i, None))
+        seq += 3
 
     while events:
         now, _, kind, i, arriving = heapq.heappop(events)
         if kind == "arrive":
             assert arriving is not None
             req = arriving
-            i = route(req, engines)
+            present = engines if join is None or now >= join.at_s else engines[:-1]
+            i = route(req, present)
             engine = engines[i]
             engine.assigned += 1
-            if req.arrival_s >= measured_from_s:
+            engine.unanswered += 1
+            if measured(req.arrival_s):
                 served[i] += 1
                 loads = [e.assigned for e in engines]
                 inflight_samples.append(max(loads) / (sum(loads) / len(loads)))
+            if join is not None and join.at_s <= now < join.at_s + 1.0:
+                first_second += 1
+                first_second_joined += engine is joined
+            if engine is joined:
+                joined_peak_waiting = max(joined_peak_waiting, engine.unanswered)
             if engine.running < engine.slots:
                 start(i, now, req)
             else:
                 engine.waiting.append((now, req))
+        elif kind == "first":
+            engines[i].unanswered -= 1
         elif kind == "slot":
             engine = engines[i]
             engine.running -= 1
@@ -433,7 +480,7 @@ def simulate(requests: list[Request], route: Router, p: Params) -> dict[str, flo
         else:
             engines[i].assigned -= 1
     ttft.sort()
-    return {
+    out = {
         "hit_rate": hit_tokens / prompt_tokens,
         "imbalance_served": max(served) / statistics.mean(served),
         "imbalance_inflight": statistics.mean(inflight_samples),
@@ -442,6 +489,13 @@ def simulate(requests: list[Request], route: Router, p: Params) -> dict[str, flo
         "ttft_p90_s": ttft[int(len(ttft) * 0.9)],
         "ttft_p99_s": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))],
     }
+    if join is not None:
+        out["joined_share_first_s"] = first_second_joined / max(1, first_second)
+        out["joined_share_window"] = served[-1] / max(1, sum(served))
+        out["joined_peak_waiting"] = joined_peak_waiting
+        out["ttft_misses"] = sum(1 for t in ttft if t > join.slo_s)
+        out["window_requests"] = len(ttft)
+    return out
 
 
 @dataclass(frozen=True)
@@ -472,14 +526,27 @@ def make_trace(name: str, p: Params) -> tuple[list[Request], TraceStats]:
 Results = dict[str, dict[str, dict[str, float]]]
 
 
-def run_variant(p: Params, only: list[str]) -> tuple[Results, dict[str, TraceStats]]:
+JOIN_WINDOW_S = 10.0
+JOIN_SLO_S = 1.0
+
+
+def run_variant(p: Params, only: list[str], join: bool) -> tuple[Results, dict[str, TraceStats], Results]:
+    """Every workload under every strategy; with ``join``, the join scenario too (not for sticky hashing,
+    whose ring is fixed)."""
     strategies: dict[str, Callable[[], Router]] = {
         "round-robin": round_robin,
         "least-load": least_load,
         "sticky-hash": lambda: sticky_hash(p.replicas),
         "kvfleet": lambda: kvfleet(p.engine.cache_blocks, p.bound, p.load_penalty_blocks),
+        "kvfleet (in-flight signal)": lambda: kvfleet(
+            p.engine.cache_blocks, p.bound, p.load_penalty_blocks, waiting=False
+        ),
+        "kvfleet least-load": lambda: kvfleet(
+            p.engine.cache_blocks, p.bound, p.load_penalty_blocks, strategy_name="least-load"
+        ),
     }
     results: Results = {}
+    joins: Results = {}
     stats: dict[str, TraceStats] = {}
     for workload in [w for w in WORKLOADS[p.variant] if not only or w in only]:
         trace, stats[workload] = make_trace(workload, p)
@@ -487,12 +554,29 @@ def run_variant(p: Params, only: list[str]) -> tuple[Results, dict[str, TraceSta
         for name, factory in strategies.items():
             r = results[workload][name] = simulate(trace, factory(), p)
             print(
-                f"{p.variant:5s} {workload:28s} {name:12s} hit {r['hit_rate']:.3f} "
+                f"{p.variant:5s} {workload:28s} {name:26s} hit {r['hit_rate']:.3f} "
                 f"imbalance {r['imbalance_served']:.2f} (in-flight {r['imbalance_inflight']:.2f}) "
                 f"ttft p50 {r['ttft_p50_s'] * 1000:.0f} ms p99 {r['ttft_p99_s'] * 1000:.0f} ms",
                 flush=True,
             )
-    return results, stats
+        if not join:
+            continue
+        # The join comes halfway through the measured requests, long after the warm-up.
+        middle = trace[p.warmup_requests + (len(trace) - p.warmup_requests) // 2].arrival_s
+        scenario = Join(at_s=middle, window_s=JOIN_WINDOW_S, slo_s=JOIN_SLO_S)
+        joins[workload] = {}
+        for name, factory in strategies.items():
+            if name == "sticky-hash":
+                continue
+            r = joins[workload][name] = simulate(trace, factory(), p, scenario)
+            print(
+                f"{p.variant:5s} join {workload:23s} {name:26s} to the new replica: "
+                f"{r['joined_share_first_s']:.0%} of the first second's arrivals, peak waiting "
+                f"{r['joined_peak_waiting']:.0f}; ttft p99 {r['ttft_p99_s'] * 1000:.0f} ms, "
+                f"{r['ttft_misses']:.0f} over {JOIN_SLO_S:g} s",
+                flush=True,
+            )
+    return results, stats, joins
 
 
 def main() -> None:
@@ -507,11 +591,17 @@ def main() -> None:
     parser.add_argument("--bound", type=float, default=1.25, help="kvfleet's loadImbalanceBound")
     parser.add_argument("--load-penalty-blocks", type=float, default=LOAD_PENALTY_BLOCKS)
     parser.add_argument("--only", default="", help="comma-separated workload names (default: all)")
+    parser.add_argument(
+        "--join",
+        choices=["h100", "both", "none"],
+        default="h100",
+        help="run the join scenario (one replica joins empty) for these variants",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     started = time.monotonic()
     variants = ["h100", "small"] if args.variant == "both" else [args.variant]
-    runs: dict[str, tuple[Params, Results, dict[str, TraceStats]]] = {}
+    runs: dict[str, tuple[Params, Results, dict[str, TraceStats], Results]] = {}
     for variant in variants:
         engine = H100_ENGINE if variant == "h100" else SMALL_ENGINE
         if args.cache_blocks:
@@ -530,8 +620,9 @@ def main() -> None:
             bound=args.bound,
             load_penalty_blocks=args.load_penalty_blocks,
         )
-        results, stats = run_variant(p, [w for w in args.only.split(",") if w])
-        runs[variant] = (p, results, stats)
+        with_join = args.join == "both" or args.join == variant
+        results, stats, joins = run_variant(p, [w for w in args.only.split(",") if w], with_join)
+        runs[variant] = (p, results, stats, joins)
     write(args.out, runs, time.monotonic() - started)
 
 
@@ -584,17 +675,18 @@ def describe(p: Params) -> str:
     )
 
 
-def write(out: Path, runs: dict[str, tuple[Params, Results, dict[str, TraceStats]]], elapsed_s: float) -> None:
+def write(out: Path, runs: dict[str, tuple[Params, Results, dict[str, TraceStats], Results]], elapsed_s: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, object] = {"elapsed_s": elapsed_s, "variants": {}}
     lines: list[str] = []
-    for variant, (p, results, stats) in runs.items():
+    for variant, (p, results, stats, joins) in runs.items():
         checks = goals(results)
         fleet_cache_tokens = p.engine.cache_blocks * BLOCK_TOKENS * p.replicas
         doc["variants"][variant] = {  # type: ignore[index]
             "params": asdict(p),
             "trace": {w: asdict(s) for w, s in stats.items()},
             "results": results,
+            "join": joins,
             "goals": [{"workload": w, "check": c, "met": m} for w, c, m in checks],
         }
         lines += [
@@ -628,9 +720,27 @@ def write(out: Path, runs: dict[str, tuple[Params, Results, dict[str, TraceStats
         lines += ["", "| workload | goal | met |", "|---|---|---|"]
         lines += [f"| {w} | {c} | {'yes' if m else 'NO'} |" for w, c, m in checks]
         lines.append("")
+        if joins:
+            lines += [
+                f"Join: replica {p.replicas - 1} is absent (the others take its share) until halfway through "
+                f"the measured requests, then joins with an empty cache and nothing in flight; measured over "
+                f"the {JOIN_WINDOW_S:g} s after it joins.",
+                "",
+                "| workload | strategy | new replica's share of the first second's arrivals | of the window's | "
+                f"its peak waiting | TTFT p50 (ms) | TTFT p99 (ms) | TTFT over {JOIN_SLO_S:g} s | requests |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            for workload, r in joins.items():
+                for name, m in r.items():
+                    lines.append(
+                        f"| {workload} | {name} | {m['joined_share_first_s']:.0%} | {m['joined_share_window']:.0%} | "
+                        f"{m['joined_peak_waiting']:.0f} | {m['ttft_p50_s'] * 1000:.0f} | "
+                        f"{m['ttft_p99_s'] * 1000:.0f} | {m['ttft_misses']:.0f} | {m['window_requests']:.0f} |"
+                    )
+            lines.append("")
     (out / "router_sim.json").write_text(json.dumps(doc, indent=2))
     (out / "router_sim.md").write_text("\n".join(lines))
-    plot(out / "router_sim.png", {v: r for v, (_, r, _) in runs.items()})
+    plot(out / "router_sim.png", {v: r for v, (_, r, _, _) in runs.items()})
     print("\n".join(lines))
 
 

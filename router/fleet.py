@@ -1,6 +1,7 @@
-"""The router's live view of its deployments: replicas with their in-flight counts, the prefix index,
-outlier ejection, and the hold queue. ``acquire`` picks a replica (holding the request while the
-model has none), ``Lease.release`` reports how the attempt went."""
+"""The router's live view of its deployments: replicas with their in-flight and awaiting-first-byte
+counts, the prefix index, outlier ejection, and the hold queue. ``acquire`` picks a replica (holding
+the request while the model has none), ``Lease.first_byte`` says the answer started,
+``Lease.release`` reports how the attempt went."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Replica:
     endpoint: Endpoint
-    inflight: int = 0
+    inflight: int = 0  # sent and not finished
+    # Sent and no response body byte yet: queued or prefilling at the engine (for a streamed answer;
+    # a non-streamed one's first byte comes with the whole answer, so it counts here until done).
+    waiting: int = 0
 
 
 @dataclass
@@ -39,23 +43,39 @@ class _Model:
 
 
 class Lease:
-    """One attempt's hold on a replica; release it exactly once."""
+    """One attempt's hold on a replica; release it exactly once.
 
-    __slots__ = ("_fleet", "_released", "model", "pick", "replica_id", "url")
+    It holds the replica's record itself, not its id: a replica that leaves and comes back under the
+    same id is a new record, and requests sent to the old process never touch the new one's counts.
+    """
 
-    def __init__(self, model: str, replica_id: str, url: str, pick: Pick, fleet: Fleet) -> None:
+    __slots__ = ("_awaiting", "_fleet", "_released", "_replica", "model", "pick", "replica_id", "url")
+
+    def __init__(self, model: str, replica_id: str, url: str, pick: Pick, fleet: Fleet, replica: _Replica) -> None:
         self.model = model
         self.replica_id = replica_id
         self.url = url
         self.pick = pick
         self._fleet = fleet
+        self._replica = replica
         self._released = False
+        self._awaiting = True
+
+    def first_byte(self) -> None:
+        """The answer's first body bytes arrived: the request is past the replica's prefill queue."""
+        if self._awaiting:
+            self._awaiting = False
+            self._replica.waiting -= 1
 
     def release(self, outcome: str) -> None:
         """``ok``: the replica answered; ``failed``: it failed before the first byte; ``aborted``: neither."""
         if self._released:
             return
         self._released = True
+        if self._awaiting:
+            self._awaiting = False
+            self._replica.waiting -= 1
+        self._replica.inflight -= 1
         self._fleet._release(self, outcome)
 
 
@@ -84,8 +104,10 @@ class Fleet:
         self.applied = asyncio.Event()
         metrics.track_inflight(self._inflight_samples)
 
-    def _inflight_samples(self) -> list[tuple[str, str, int]]:
-        return [(m, r, rep.inflight) for m, model in self._models.items() for r, rep in model.replicas.items()]
+    def _inflight_samples(self) -> list[tuple[str, str, int, int]]:
+        return [
+            (m, r, rep.inflight, rep.waiting) for m, model in self._models.items() for r, rep in model.replicas.items()
+        ]
 
     # -- FleetSink -------------------------------------------------------------------------------
 
@@ -160,6 +182,11 @@ class Fleet:
         model = self._models.get(served_name)
         return {r: rep.inflight for r, rep in model.replicas.items()} if model else {}
 
+    def waiting(self, served_name: str) -> dict[str, int]:
+        """Requests per replica sent and not yet answered with a first body byte."""
+        model = self._models.get(served_name)
+        return {r: rep.waiting for r, rep in model.replicas.items()} if model else {}
+
     def queue_depth(self, served_name: str) -> int:
         model = self._models.get(served_name)
         return len(model.queue) if model else 0
@@ -188,7 +215,8 @@ class Fleet:
     ) -> Lease | None:
         is_ejected = self._outliers.is_ejected
         candidates = [
-            Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s)) for r, rep in model.replicas.items()
+            Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s), rep.waiting)
+            for r, rep in model.replicas.items()
         ]
         pick = model.strategy.pick(candidates, PickRequest(hashes, exclude))
         return self._lease(served_name, model, pick, hashes) if pick is not None else None
@@ -215,10 +243,11 @@ class Fleet:
         replica = model.replicas[pick.replica_id]
         model.index.record(pick.replica_id, hashes)  # learn only after the pick
         replica.inflight += 1
+        replica.waiting += 1
         self._metrics.prefix_match.observe((served_name,), pick.match_ratio)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("pick %s", pick.reason)
-        return Lease(served_name, pick.replica_id, replica.endpoint.url, pick, self)
+        return Lease(served_name, pick.replica_id, replica.endpoint.url, pick, self, replica)
 
     def _release(self, lease: Lease, outcome: str) -> None:
         if outcome == "ok":
@@ -227,11 +256,6 @@ class Fleet:
             ejected_s = self._outliers.record_failure(lease.replica_id, self._clock())
             if ejected_s is not None:
                 log.warning("replica %s of %s ejected for %.1fs", lease.replica_id, lease.model, ejected_s)
-        model = self._models.get(lease.model)
-        replica = model.replicas.get(lease.replica_id) if model else None
-        if replica is None:
-            return  # the replica (or model) left while this request was in flight
-        replica.inflight = max(0, replica.inflight - 1)
 
     def _require(self, served_name: str) -> _Model:
         model = self._models.get(served_name)

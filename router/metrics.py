@@ -110,8 +110,9 @@ class RouterMetrics:
         ]
         self.registry.register(_SeriesCollector(self._series))
 
-    def track_inflight(self, inflight: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
-        """Export ``kvfleet_router_inflight{model,replica}`` from ``inflight()`` at scrape time.
+    def track_inflight(self, inflight: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
+        """Export ``kvfleet_router_inflight{model,replica}`` and ``kvfleet_router_awaiting_first_byte{model,replica}``
+        from ``inflight()``'s (model, replica, in flight, awaiting first byte) at scrape time.
 
         Read when scraped rather than set on every request: two gauge updates per request were ~3 us of
         the router's CPU per request, and a replica that leaves simply stops being reported.
@@ -140,13 +141,20 @@ class _SeriesCollector(Collector):
 
 
 class _InflightCollector(Collector):
-    def __init__(self, inflight: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+    def __init__(self, inflight: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
         self._inflight = inflight
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "kvfleet_router_inflight", "Requests in flight to a replica.", labels=["model", "replica"]
         )
-        for model, replica_id, count in self._inflight():
+        waiting = GaugeMetricFamily(
+            "kvfleet_router_awaiting_first_byte",
+            "Requests sent to a replica that have had no response body byte yet (queued or prefilling).",
+            labels=["model", "replica"],
+        )
+        for model, replica_id, count, awaiting in self._inflight():
             family.add_metric([model, replica_id], count)
+            waiting.add_metric([model, replica_id], awaiting)
         yield family
+        yield waiting

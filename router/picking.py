@@ -8,8 +8,20 @@ Contracts:
   strategy counts prompt blocks (blocks of prefill a replica saves, against in-flight requests
   priced in blocks of prefill each).
 - A ``Picker`` chooses one candidate given the weighted total scores.
-Nothing here does I/O or reads a clock: the fleet passes in each replica's in-flight count and state,
-and records the pick in the prefix index only after this returns.
+Nothing here does I/O or reads a clock: the fleet passes in each replica's counts and state, and
+records the pick in the prefix index only after this returns.
+
+Two load signals, each used where it measures what matters:
+- ``waiting``: requests sent and not yet answered with a first byte, i.e. queued or prefilling. A new
+  request's TTFT is the prefill ahead of it; with continuous batching most in-flight requests are
+  decoding and say little about that queue, and a replica that just joined with nothing in flight
+  is not therefore the shortest queue for long. Least-load ranks by it first, and so does the queue
+  scorer for a prompt no replica holds any of (its placement has no future cost, only its wait).
+- ``inflight``: everything sent and not finished (decoding too). The load bound caps this (the
+  spec's ``loadImbalanceBound`` x the mean in flight); the queue scorer prices it for a prompt some
+  replica holds a prefix of, which keeps headroom under that bound for the placements worth keeping
+  (routing_sim: pricing waiting there instead lost hit rate in multi-turn chat); among equal scores
+  the fewest in flight wins (a smaller decode batch).
 """
 
 from __future__ import annotations
@@ -28,9 +40,10 @@ class Candidate(NamedTuple):
     """One replica as the picker sees it."""
 
     replica_id: str
-    inflight: int
+    inflight: int  # sent, not finished
     draining: bool = False
     ejected: bool = False
+    waiting: int = 0  # sent, no response byte yet: queued or prefilling
 
 
 class PickRequest(NamedTuple):
@@ -50,6 +63,7 @@ class Pick(NamedTuple):
     inflight: int = 0
     score: float = 0.0
     dropped: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (filter, replicas it dropped; empty: it left none)
+    waiting: int = 0
 
     @property
     def match_ratio(self) -> float:
@@ -59,7 +73,7 @@ class Pick(NamedTuple):
     def reason(self) -> str:
         text = (
             f"{self.strategy}: {self.replica_id} matched {self.matched_blocks}/{self.total_blocks} blocks, "
-            f"in-flight {self.inflight}, score {self.score:.3f}"
+            f"in-flight {self.inflight}, waiting {self.waiting}, score {self.score:.3f}"
         )
         notes = [
             f"{name}: dropped {','.join(gone)}" if gone else f"{name}: kept all (filter left none)"
@@ -141,30 +155,44 @@ class PrefixScorer:
         return {c.replica_id: float(self.index.matched_blocks(c.replica_id, request.hashes)) for c in candidates}
 
 
+@dataclass
 class QueueScorer:
-    """Minus the in-flight requests a candidate has beyond the least-loaded candidate.
+    """Minus the load a candidate has beyond the least-loaded candidate, in requests.
 
-    Weighted by the blocks of prefill one request ahead is worth, it prices load in the prefix
-    scorer's unit: a replica holding ``m`` more blocks wins while it has fewer than ``m / weight``
-    more requests in flight. Short prompts therefore move off busy replicas first, which keeps
-    headroom under the load bound for the long ones that are costly to move.
+    Weighted by the blocks of prefill one request is worth, it prices load in the prefix scorer's
+    unit. Which count is the load depends on whether the prompt has a home:
+    - some replica holds the prompt's first block (so a prefix of it), by the index: in-flight. A
+      replica holding ``m`` more blocks wins while it has fewer than ``m / weight`` more requests in
+      flight, so short prompts move off busy replicas first, keeping headroom under the in-flight
+      load bound for the long ones that are costly to move (and costly again next turn).
+    - none does (or no index): ``waiting``, the prefill queue. Nothing is cached anywhere, so the
+      pick has no future cost and the only one is the wait before this request's prefill, which
+      queued prefills set and decoding requests hardly touch.
     """
 
-    name = "queue"
+    index: PrefixIndex | None = None
+    name: str = "queue"
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
-        least = min((c.inflight for c in candidates), default=0)
-        return {c.replica_id: float(least - c.inflight) for c in candidates}
+        if self.index is not None and request.hashes and self.index.held_anywhere(request.hashes[0]):
+            least = min(c.inflight for c in candidates)
+            return {c.replica_id: float(least - c.inflight) for c in candidates}
+        least = min((c.waiting for c in candidates), default=0)
+        return {c.replica_id: float(least - c.waiting) for c in candidates}
 
 
 class LoadScorer:
-    """1 for an idle replica, falling towards 0 as its in-flight count nears the busiest candidate's."""
+    """1 for an empty prefill queue, falling towards 0 as ``waiting`` nears the longest queue's.
+
+    Ties (equal queues, e.g. all empty) go to the fewest in flight in ``MaxScorePicker``, so
+    least-load is "shortest prefill queue, then smallest decode batch".
+    """
 
     name = "load"
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
-        busiest = max((c.inflight for c in candidates), default=0)
-        return {c.replica_id: 1.0 - c.inflight / (busiest + 1) for c in candidates}
+        longest = max((c.waiting for c in candidates), default=0)
+        return {c.replica_id: 1.0 - c.waiting / (longest + 1) for c in candidates}
 
 
 @dataclass
@@ -240,7 +268,16 @@ class Strategy:
         self, chosen: Candidate, request: PickRequest, score: float, dropped: list[tuple[str, tuple[str, ...]]]
     ) -> Pick:
         matched = self.index.matched_blocks(chosen.replica_id, request.hashes) if request.hashes else 0
-        return Pick(chosen.replica_id, matched, len(request.hashes), self.name, chosen.inflight, score, tuple(dropped))
+        return Pick(
+            chosen.replica_id,
+            matched,
+            len(request.hashes),
+            self.name,
+            chosen.inflight,
+            score,
+            tuple(dropped),
+            chosen.waiting,
+        )
 
 
 def build_strategy(routing: RoutingSpec, index: PrefixIndex, *, load_penalty_blocks: float) -> Strategy:
@@ -257,6 +294,6 @@ def build_strategy(routing: RoutingSpec, index: PrefixIndex, *, load_penalty_blo
         "prefix",
         index,
         [routable, BoundedLoadFilter(routing.load_imbalance_bound)],
-        [(PrefixScorer(index), 1.0), (QueueScorer(), load_penalty_blocks)],
+        [(PrefixScorer(index), 1.0), (QueueScorer(index), load_penalty_blocks)],
         MaxScorePicker(),
     )

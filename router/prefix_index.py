@@ -49,6 +49,13 @@ class PrefixIndex:
             matched += 1
         return matched
 
+    def held_anywhere(self, block_hash: int) -> bool:
+        """Whether any replica is believed to hold this block (read-only; one lookup per replica)."""
+        for lru in self._lru.values():  # noqa: SIM110 (a loop, not any(...): no generator on the routing path)
+            if block_hash in lru:
+                return True
+        return False
+
     def record(self, replica_id: str, hashes: Sequence[int]) -> None:
         """The prompt was sent to the replica: its blocks are now the most recently used there."""
         lru = self._lru.setdefault(replica_id, OrderedDict())

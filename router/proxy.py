@@ -256,6 +256,7 @@ class Proxy:
         except BaseException:
             upstream.close()
             raise
+        lease.first_byte()
         return upstream, first
 
     def _relay_whole(

@@ -72,6 +72,73 @@ async def test_a_url_change_behind_the_same_id_forgets_its_cache() -> None:
     assert fleet.index_entries("m") == 0
 
 
+async def two_replicas(strategy: str = "round-robin") -> tuple[Fleet, StaticReplicaSource]:
+    fleet = Fleet(RouterSettings(), NoWakeSignal(), RouterMetrics())
+    source = StaticReplicaSource()
+    source.set_deployment("m", routing=RoutingSpec(strategy=strategy))  # type: ignore[arg-type]
+    source.add("m", "r0", "http://127.0.0.1:9000")
+    source.add("m", "r1", "http://127.0.0.1:9001")
+    await source.start(fleet)
+    return fleet, source
+
+
+async def test_first_byte_then_release_clears_waiting_then_inflight() -> None:
+    fleet, _ = await two_replicas()
+    lease = await fleet.acquire("m", [])
+    replica = lease.replica_id
+    assert (fleet.inflight("m")[replica], fleet.waiting("m")[replica]) == (1, 1)
+    lease.first_byte()
+    lease.first_byte()  # idempotent
+    assert (fleet.inflight("m")[replica], fleet.waiting("m")[replica]) == (1, 0)
+    lease.release("ok")
+    lease.release("ok")  # idempotent
+    assert (fleet.inflight("m")[replica], fleet.waiting("m")[replica]) == (0, 0)
+    lease.first_byte()  # after release: changes nothing
+    assert fleet.waiting("m")[replica] == 0
+    await fleet.close()
+
+
+async def test_release_without_first_byte_clears_both_and_a_retry_counts_once() -> None:
+    fleet, _ = await two_replicas()
+    first = await fleet.acquire("m", [])
+    first.release("failed")  # refused before any byte: the retry goes elsewhere
+    retry = await fleet.acquire("m", [], frozenset({first.replica_id}))
+    assert retry.replica_id != first.replica_id
+    assert fleet.inflight("m") == {first.replica_id: 0, retry.replica_id: 1}
+    assert fleet.waiting("m") == {first.replica_id: 0, retry.replica_id: 1}
+    retry.release("aborted")  # client left before the answer started
+    assert fleet.inflight("m") == fleet.waiting("m") == {"r0": 0, "r1": 0}
+    await fleet.close()
+
+
+async def test_a_replica_back_under_the_same_id_starts_from_zero() -> None:
+    fleet, source = await two_replicas()
+    old = await fleet.acquire("m", [], frozenset({"r1"}))
+    assert old.replica_id == "r0"
+    source.remove("m", "r0")
+    source.add("m", "r0", "http://127.0.0.1:9002")  # a new process: its own counts
+    assert (fleet.inflight("m")["r0"], fleet.waiting("m")["r0"]) == (0, 0)
+    new = await fleet.acquire("m", [], frozenset({"r1"}))
+    old.first_byte()
+    old.release("ok")  # the old process's request ends: the new record keeps its own request
+    assert (fleet.inflight("m")["r0"], fleet.waiting("m")["r0"]) == (1, 1)
+    new.release("ok")
+    await fleet.close()
+
+
+async def test_least_load_sends_to_the_shorter_queue_not_the_fewer_in_flight() -> None:
+    fleet, _ = await two_replicas("least-load")
+    a = await fleet.acquire("m", [])  # both empty: either
+    a.first_byte()  # a's replica: 1 in flight, 0 waiting
+    b = await fleet.acquire("m", [])  # queues level (0, 0): the fewer in flight
+    assert b.replica_id != a.replica_id
+    c = await fleet.acquire("m", [])  # in flight level (1, 1): the empty queue, a's replica
+    assert c.replica_id == a.replica_id
+    for lease in (a, b, c):
+        lease.release("ok")
+    await fleet.close()
+
+
 async def test_http_wake_signal_posts_the_contract_body(free_port: int) -> None:
     received: list[dict[str, str]] = []
     status = 202

@@ -27,7 +27,14 @@ def hashes(text: str) -> list[int]:
 
 
 def cands(**inflight: int) -> list[Candidate]:
-    return [Candidate(name, n) for name, n in inflight.items()]
+    """Every request in flight still waiting for its first byte (waiting = in flight): the picker as it
+    was before it had the waiting count, so these tests keep their numbers."""
+    return [Candidate(name, n, waiting=n) for name, n in inflight.items()]
+
+
+def queues(**counts: tuple[int, int]) -> list[Candidate]:
+    """Candidates from (in flight, waiting) pairs."""
+    return [Candidate(name, inflight, waiting=waiting) for name, (inflight, waiting) in counts.items()]
 
 
 def test_bounded_load_cap_by_hand() -> None:
@@ -173,3 +180,100 @@ def test_outlier_ejection_backs_off_and_recovers() -> None:
     assert det.record_failure("r", now_s=10.0) == 1.0  # a success resets the back-off
     det.forget("r")
     assert det.tracked() == []
+
+
+def test_queue_scorer_prices_waiting_when_no_replica_holds_the_prompt() -> None:
+    # a: 10 in flight, all decoding (none waiting); b: 2 in flight, both waiting; c: 4 in flight, 1 waiting.
+    candidates = queues(a=(10, 0), b=(2, 2), c=(4, 1))
+    index = PrefixIndex(100)
+    request = PickRequest(hashes("SSSSqqqq"))
+    # Nothing cached anywhere: the prefill queue beyond the shortest (a's 0).
+    assert QueueScorer(index).score(candidates, request) == {"a": 0.0, "b": -2.0, "c": -1.0}
+    assert QueueScorer().score(candidates, request) == {"a": 0.0, "b": -2.0, "c": -1.0}  # no index: the same
+    # c holds the first block: in flight beyond the least (b's 2), to keep headroom under the bound.
+    index.record("c", hashes("SSSSzzzz"))
+    assert QueueScorer(index).score(candidates, request) == {"a": -8.0, "b": 0.0, "c": -2.0}
+    # longest queue 2: 1 - waiting / 3
+    assert LoadScorer().score(candidates, request) == {"a": 1.0, "b": pytest.approx(1 / 3), "c": pytest.approx(2 / 3)}
+
+
+def test_least_load_is_shortest_queue_then_fewest_inflight() -> None:
+    least = build_strategy(RoutingSpec(strategy="least-load"), PrefixIndex(100), load_penalty_blocks=4)
+    # a and c have empty queues; c has the smaller decode batch.
+    pick = least.pick(queues(a=(10, 0), b=(2, 1), c=(4, 0)), PickRequest())
+    assert pick is not None and pick.replica_id == "c"
+    assert "in-flight 4, waiting 0" in pick.reason
+    # b has the fewest in flight but one request ahead in its queue: a, with 10 decoding, starts sooner.
+    pick = least.pick(queues(a=(10, 0), b=(2, 1)), PickRequest())
+    assert pick is not None and pick.replica_id == "a"
+
+
+def test_prefix_strategy_prices_waiting_only_for_a_prompt_with_no_home() -> None:
+    index = PrefixIndex(100)
+    strategy = build_strategy(RoutingSpec(load_imbalance_bound=3.0), index, load_penalty_blocks=2)
+    # cap = ceil(3 x (6 + 1 + 2 + 1) / 3) = 10: everyone fits.
+    counts = queues(a=(6, 0), b=(1, 2), c=(2, 1))
+    # Nothing cached: -2 x waiting beyond a's 0: a 0, b -4, c -2 -> a (6 decoding, an empty queue).
+    pick = strategy.pick(counts, PickRequest(hashes("SSSSaaaa")))
+    assert pick is not None and pick.replica_id == "a" and pick.matched_blocks == 0
+    # a holds 2 blocks of this prompt: in flight is priced: a 2 - 2 x (6 - 1) = -8, b 0, c -2 -> b.
+    index.record("a", hashes("TTTTbbbb"))
+    pick = strategy.pick(counts, PickRequest(hashes("TTTTbbbbcccc")))
+    assert pick is not None and pick.replica_id == "b"
+    # a holds all 12 blocks of a longer prompt: 12 - 10 = 2 > b's 0 -> a.
+    long = hashes("UUUU" + "x" * 44)
+    index.record("a", long)
+    pick = strategy.pick(counts, PickRequest(long))
+    assert pick is not None and pick.replica_id == "a" and pick.matched_blocks == 12
+
+
+def test_the_load_bound_stays_on_inflight() -> None:
+    strategy = build_strategy(RoutingSpec(load_imbalance_bound=1.25), PrefixIndex(100), load_penalty_blocks=4)
+    # Nothing cached, so the queue decides and a's is the shortest; but a has 7 in flight:
+    # cap = ceil(1.25 x (7 + 1 + 1 + 1 + 1) / 4) = ceil(3.4375) = 4, and 7 + 1 > 4.
+    pick = strategy.pick(queues(a=(7, 0), b=(1, 1), c=(1, 1), d=(1, 1)), PickRequest(hashes("SSSSaaaa")))
+    assert pick is not None and pick.replica_id != "a"
+    assert "bounded-load: dropped a" in pick.reason
+    # Without the bound (3.0: cap ceil(3 x 11 / 4) = 9) the shortest queue wins.
+    loose = build_strategy(RoutingSpec(load_imbalance_bound=3.0), PrefixIndex(100), load_penalty_blocks=4)
+    pick = loose.pick(queues(a=(7, 0), b=(1, 1), c=(1, 1), d=(1, 1)), PickRequest(hashes("SSSSaaaa")))
+    assert pick is not None and pick.replica_id == "a"
+
+
+@pytest.mark.parametrize(
+    ("signal", "to_new", "joined_at"),
+    [
+        # The picker fed in-flight as its queue (as before the waiting count): the empty replica takes all 12.
+        ("inflight", 12, list(range(1, 13))),
+        # Waiting first: h takes arrivals until its queue is level with the others' 2 (arrivals 1-2), wins
+        # the tie on in-flight (3), then the seven others take one each (4-10) and h the next tie (11).
+        ("waiting", 4, [1, 2, 3, 11]),
+    ],
+)
+@pytest.mark.parametrize("strategy_name", ["least-load", "prefix"])
+def test_a_replica_that_joins_empty_gets_its_queue_level_not_every_arrival(
+    signal: str, to_new: int, joined_at: list[int], strategy_name: str
+) -> None:
+    """a-g run 40 requests each, 2 of them waiting; h joins with none. 12 arrivals, none finishing.
+
+    Eight replicas, so the load bound does not bind: cap = ceil(1.25 x (280 + 1) / 8) = 44 > 40. (With
+    four, 3 x 40 / 4 = 30 is the mean and the others' 40 is over 1.25 x 30: the bound, on in-flight by
+    the spec, itself sends the joiner everything until the others fit under it again.)
+    """
+    strategy = build_strategy(RoutingSpec(strategy=strategy_name), PrefixIndex(100), load_penalty_blocks=4)
+    counts = {r: [40, 2] for r in "abcdefg"} | {"h": [0, 0]}
+    picked = []
+    for i in range(12):
+        candidates = [
+            Candidate(r, inflight, waiting=waiting if signal == "waiting" else inflight)
+            for r, (inflight, waiting) in counts.items()
+        ]
+        pick = strategy.pick(candidates, PickRequest(hashes(f"{i:04d} nothing shared")))
+        assert pick is not None
+        counts[pick.replica_id][0] += 1
+        counts[pick.replica_id][1] += 1
+        picked.append(pick.replica_id)
+    assert [i + 1 for i, r in enumerate(picked) if r == "h"] == joined_at, picked
+    assert counts["h"] == [to_new, to_new]
+    if signal == "waiting":  # the other 8 arrivals: one each (4-10), then one more (12)
+        assert sorted(n for r, (n, _) in counts.items() if r != "h") == [41] * 6 + [42]

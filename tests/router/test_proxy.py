@@ -95,6 +95,28 @@ async def test_streaming_bytes_arrive_unchanged_chunk_by_chunk(backends: list[Ba
     assert arrivals[-1] - arrivals[0] >= 0.5
 
 
+async def test_waiting_counts_until_the_first_body_byte(backends: list[Backend]) -> None:
+    """Held before the headers: waiting and in flight; first chunk relayed: in flight only; done: neither."""
+    source = source_for("first-byte", backends[:1])
+    body = {
+        "model": "first-byte",
+        "prompt": "x",
+        "stream": True,
+        "kvfleet_test": {"hold_s": 0.5, "chunks": 2, "delay_s": 0.5},
+    }
+    async with running_router(source) as router, aiohttp.ClientSession() as session:
+        fleet = router.fleet
+        # The router answers the client only with the first body byte, so the held part is watched from here.
+        opened = asyncio.create_task(session.post(router.url + "/v1/completions", json=body))
+        await until(lambda: fleet.inflight("first-byte") == {"r0": 1})
+        assert fleet.waiting("first-byte") == {"r0": 1}
+        async with await opened as resp:
+            assert (fleet.inflight("first-byte"), fleet.waiting("first-byte")) == ({"r0": 1}, {"r0": 0})
+            assert b"w1" in await resp.read()
+        await until(lambda: fleet.inflight("first-byte") == {"r0": 0})
+        assert fleet.waiting("first-byte") == {"r0": 0}
+
+
 async def test_bad_input_gets_clear_4xx(backends: list[Backend]) -> None:
     source = source_for("known", backends[:1])
     async with running_router(source, max_body_bytes=4096) as router, aiohttp.ClientSession() as session:
@@ -173,6 +195,7 @@ async def test_killed_replica_requests_are_retried_elsewhere_and_none_is_lost(
         tasks = [asyncio.create_task(post(session, router.url, b)) for b in bodies]
         await until(lambda: sum(router.fleet.inflight("kill").values()) == 20)
         assert router.fleet.inflight("kill")["victim"] == 10
+        assert router.fleet.waiting("kill") == {"victim": 10, "survivor": 10}  # none answered yet
         victim.kill()  # SIGKILL with 10 requests accepted and not yet answered
         # Requests arriving after the kill find the dead replica still listed: refused, retried.
         late = [asyncio.create_task(post(session, router.url, b)) for b in bodies[:6]]
@@ -185,6 +208,8 @@ async def test_killed_replica_requests_are_retried_elsewhere_and_none_is_lost(
             line for line in text.splitlines() if line.startswith('kvfleet_router_retries_total{model="kill"}')
         )
         assert float(retries.split()[-1]) >= 10
+        # Failed attempts, retries and answers each left their counts where they found them.
+        assert router.fleet.inflight("kill") == router.fleet.waiting("kill") == {"victim": 0, "survivor": 0}
 
 
 async def test_draining_replica_gets_nothing_new_and_finishes_in_flight(
@@ -279,6 +304,7 @@ async def test_metrics_after_traffic(backends: list[Backend], path: str) -> None
     # The second and third requests were believed fully cached on the replica the first one used.
     assert 'kvfleet_router_prefix_match_ratio_bucket{le="0.99",model="metered"} 1.0' in text
     assert 'kvfleet_router_inflight{model="metered",replica="r0"} 0.0' in text
+    assert 'kvfleet_router_awaiting_first_byte{model="metered",replica="r0"} 0.0' in text
     assert 'kvfleet_router_queue_depth{model="metered"} 0.0' in text
 
 
