@@ -3,10 +3,10 @@
 Contracts:
 - A ``Filter`` returns a subset of its input. A ``required`` filter that leaves none means there is no
   candidate at all; any other filter that leaves none is skipped (the fallback is the next best).
-- A ``Scorer`` is read-only and returns a score per candidate (higher is better). The strategy adds
-  scores times their weights, so scorers weighed against each other share one unit: the prefix
-  strategy counts prompt blocks (blocks of prefill a replica saves, against in-flight requests
-  priced in blocks of prefill each).
+- A ``Scorer`` is read-only and returns a score per candidate, in the candidates' order (higher is
+  better). The strategy adds scores times their weights, so scorers weighed against each other share
+  one unit: the prefix strategy counts prompt blocks (blocks of prefill a replica saves, against
+  in-flight requests priced in blocks of prefill each).
 - A ``Picker`` chooses one candidate given the weighted total scores.
 Nothing here does I/O or reads a clock: the fleet passes in each replica's counts and state, and
 records the pick in the prefix index only after this returns.
@@ -27,7 +27,7 @@ Two load signals, each used where it measures what matters:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -92,11 +92,15 @@ class Filter(Protocol):
 class Scorer(Protocol):
     name: str
 
-    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]: ...
+    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> list[float]: ...
 
 
 class Picker(Protocol):
-    def pick(self, candidates: Sequence[Candidate], scores: Mapping[str, float]) -> Candidate: ...
+    def pick(self, candidates: Sequence[Candidate], scores: Sequence[float]) -> Candidate: ...
+
+
+def _replica_id(candidate: Candidate) -> str:  # a sort key: ties go in a stable order
+    return candidate.replica_id
 
 
 class RoutableFilter:
@@ -151,8 +155,11 @@ class PrefixScorer:
     index: PrefixIndex
     name: str = "prefix"
 
-    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
-        return {c.replica_id: float(self.index.matched_blocks(c.replica_id, request.hashes)) for c in candidates}
+    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> list[float]:
+        if not request.hashes:
+            return [0.0] * len(candidates)
+        matched = self.index.matched_blocks
+        return [float(matched(c.replica_id, request.hashes)) for c in candidates]
 
 
 @dataclass
@@ -173,12 +180,13 @@ class QueueScorer:
     index: PrefixIndex | None = None
     name: str = "queue"
 
-    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
+    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> list[float]:
         if self.index is not None and request.hashes and self.index.held_anywhere(request.hashes[0]):
-            least = min(c.inflight for c in candidates)
-            return {c.replica_id: float(least - c.inflight) for c in candidates}
-        least = min((c.waiting for c in candidates), default=0)
-        return {c.replica_id: float(least - c.waiting) for c in candidates}
+            loads = [c.inflight for c in candidates]
+        else:
+            loads = [c.waiting for c in candidates]
+        least = min(loads, default=0)
+        return [float(least - load) for load in loads]
 
 
 class LoadScorer:
@@ -190,9 +198,10 @@ class LoadScorer:
 
     name = "load"
 
-    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> dict[str, float]:
-        longest = max((c.waiting for c in candidates), default=0)
-        return {c.replica_id: 1.0 - c.waiting / (longest + 1) for c in candidates}
+    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> list[float]:
+        waiting = [c.waiting for c in candidates]
+        longest = max(waiting, default=0)
+        return [1.0 - w / (longest + 1) for w in waiting]
 
 
 @dataclass
@@ -201,14 +210,19 @@ class MaxScorePicker:
 
     _turn: int = 0
 
-    def pick(self, candidates: Sequence[Candidate], scores: Mapping[str, float]) -> Candidate:
+    def pick(self, candidates: Sequence[Candidate], scores: Sequence[float]) -> Candidate:
         self._turn += 1
         if len(candidates) == 1:
             return candidates[0]
-        best = max(scores[c.replica_id] for c in candidates)
-        top = [c for c in candidates if scores[c.replica_id] >= best - 1e-12]
-        least = min(c.inflight for c in top)
-        tied = sorted((c for c in top if c.inflight == least), key=lambda c: c.replica_id)
+        best = max(scores) - 1e-12
+        top = [c for c, score in zip(candidates, scores, strict=True) if score >= best]
+        if len(top) == 1:
+            return top[0]
+        least = min([c.inflight for c in top])
+        tied = [c for c in top if c.inflight == least]
+        if len(tied) == 1:
+            return tied[0]
+        tied.sort(key=_replica_id)
         return tied[self._turn % len(tied)]
 
 
@@ -218,8 +232,8 @@ class RoundRobinPicker:
 
     _turn: int = 0
 
-    def pick(self, candidates: Sequence[Candidate], scores: Mapping[str, float]) -> Candidate:
-        ordered = sorted(candidates, key=lambda c: c.replica_id)
+    def pick(self, candidates: Sequence[Candidate], scores: Sequence[float]) -> Candidate:
+        ordered = sorted(candidates, key=_replica_id)
         chosen = ordered[self._turn % len(ordered)]
         self._turn += 1
         return chosen
@@ -257,12 +271,18 @@ class Strategy:
                 # The later filters never empty a set (they are skipped when they would), so one candidate
                 # stays the only one, and scores cannot change a choice of one.
                 return self._pick(remaining[0], request, 0.0, dropped)
-        totals = dict.fromkeys([c.replica_id for c in remaining], 0.0)
+        # Lists aligned with ``remaining``, not dicts by replica id: this runs for every routed request.
+        totals: list[float] | None = None
         for scorer, weight in self.scorers:
-            for replica_id, s in scorer.score(remaining, request).items():
-                totals[replica_id] += weight * s
+            scores = scorer.score(remaining, request)
+            if totals is None:
+                totals = [weight * s for s in scores]
+            else:
+                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        if totals is None:
+            totals = [0.0] * len(remaining)
         chosen = self.picker.pick(remaining, totals)
-        return self._pick(chosen, request, totals[chosen.replica_id], dropped)
+        return self._pick(chosen, request, totals[remaining.index(chosen)], dropped)
 
     def _pick(
         self, chosen: Candidate, request: PickRequest, score: float, dropped: list[tuple[str, tuple[str, ...]]]

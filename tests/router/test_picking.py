@@ -72,10 +72,10 @@ def test_scorers_by_hand() -> None:
     index.record("a", hashes("SSSSuuuu"))
     request = PickRequest(hashes("SSSSvvvvwwww"))
     # a holds the first of the request's 3 blocks (matched blocks, not the fraction)
-    assert PrefixScorer(index).score(cands(a=0, b=0), request) == {"a": 1.0, "b": 0.0}
-    assert LoadScorer().score(cands(a=3, b=0), request) == {"a": 0.25, "b": 1.0}
+    assert PrefixScorer(index).score(cands(a=0, b=0), request) == [1.0, 0.0]
+    assert LoadScorer().score(cands(a=3, b=0), request) == [0.25, 1.0]
     # in-flight beyond the least-loaded candidate, negated
-    assert QueueScorer().score(cands(a=3, b=1, c=2), request) == {"a": -2.0, "b": 0.0, "c": -1.0}
+    assert QueueScorer().score(cands(a=3, b=1, c=2), request) == [-2.0, 0.0, -1.0]
 
 
 def test_prefix_cost_trades_blocks_saved_against_requests_ahead() -> None:
@@ -188,13 +188,13 @@ def test_queue_scorer_prices_waiting_when_no_replica_holds_the_prompt() -> None:
     index = PrefixIndex(100)
     request = PickRequest(hashes("SSSSqqqq"))
     # Nothing cached anywhere: the prefill queue beyond the shortest (a's 0).
-    assert QueueScorer(index).score(candidates, request) == {"a": 0.0, "b": -2.0, "c": -1.0}
-    assert QueueScorer().score(candidates, request) == {"a": 0.0, "b": -2.0, "c": -1.0}  # no index: the same
+    assert QueueScorer(index).score(candidates, request) == [0.0, -2.0, -1.0]
+    assert QueueScorer().score(candidates, request) == [0.0, -2.0, -1.0]  # no index: the same
     # c holds the first block: in flight beyond the least (b's 2), to keep headroom under the bound.
     index.record("c", hashes("SSSSzzzz"))
-    assert QueueScorer(index).score(candidates, request) == {"a": -8.0, "b": 0.0, "c": -2.0}
+    assert QueueScorer(index).score(candidates, request) == [-8.0, 0.0, -2.0]
     # longest queue 2: 1 - waiting / 3
-    assert LoadScorer().score(candidates, request) == {"a": 1.0, "b": pytest.approx(1 / 3), "c": pytest.approx(2 / 3)}
+    assert LoadScorer().score(candidates, request) == [1.0, pytest.approx(1 / 3), pytest.approx(2 / 3)]
 
 
 def test_least_load_is_shortest_queue_then_fewest_inflight() -> None:
