@@ -213,11 +213,15 @@ class Fleet:
     def _try_pick(
         self, served_name: str, model: _Model, hashes: Sequence[int], exclude: frozenset[str], now_s: float
     ) -> Lease | None:
-        is_ejected = self._outliers.is_ejected
-        candidates = [
-            Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s), rep.waiting)
-            for r, rep in model.replicas.items()
-        ]
+        if self._outliers.none_ejected(now_s):
+            replicas = model.replicas.items()
+            candidates = [Candidate(r, rep.inflight, rep.endpoint.draining, False, rep.waiting) for r, rep in replicas]
+        else:
+            is_ejected = self._outliers.is_ejected
+            candidates = [
+                Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s), rep.waiting)
+                for r, rep in model.replicas.items()
+            ]
         pick = model.strategy.pick(candidates, PickRequest(hashes, exclude))
         return self._lease(served_name, model, pick, hashes) if pick is not None else None
 

@@ -26,6 +26,7 @@ class OutlierDetector:
         self._base_s = base_ejection_s
         self._max_s = max_ejection_s
         self._health: dict[str, _ReplicaHealth] = {}
+        self._any_until_s = 0.0  # the latest ejection end ever set: before it, nobody can be ejected
 
     def record_success(self, replica_id: str) -> None:
         health = self._health.get(replica_id)
@@ -43,7 +44,12 @@ class OutlierDetector:
         health.ejections = min(health.ejections + 1, 32)  # bounded exponent
         health.consecutive_failures = 0
         health.ejected_until_s = now_s + length_s
+        self._any_until_s = max(self._any_until_s, health.ejected_until_s)
         return length_s
+
+    def none_ejected(self, now_s: float) -> bool:
+        """True when no replica can be ejected at ``now_s`` (one comparison: the routing path asks per request)."""
+        return now_s >= self._any_until_s
 
     def is_ejected(self, replica_id: str, now_s: float) -> bool:
         health = self._health.get(replica_id)

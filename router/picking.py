@@ -136,7 +136,7 @@ class BoundedLoadFilter:
     required: bool = False
 
     def cap(self, candidates: Sequence[Candidate]) -> int:
-        total = sum(c.inflight for c in candidates) + 1
+        total = sum([c.inflight for c in candidates]) + 1
         return max(1, math.ceil(self.bound * total / max(1, len(candidates)) - 1e-9))
 
     def filter(self, candidates: Sequence[Candidate], request: PickRequest) -> list[Candidate]:

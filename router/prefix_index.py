@@ -38,16 +38,28 @@ class PrefixIndex:
         return self._capacity.get(replica_id, self._default_capacity)
 
     def matched_blocks(self, replica_id: str, hashes: Sequence[int]) -> int:
-        """How many leading blocks of the prompt the replica holds (read-only)."""
+        """How many leading blocks of the prompt the replica holds (read-only).
+
+        A binary search, not a scan: what a replica holds is prefix-closed along every chain, because
+        ``record`` touches a block's parent right after the block itself and eviction takes the least
+        recent first, so a parent never leaves before its child. A 125-block prompt takes ~7 lookups
+        per replica instead of up to 125.
+        """
         lru = self._lru.get(replica_id)
-        if not lru:
+        if not lru or not hashes or hashes[0] not in lru:
             return 0
-        matched = 0
-        for h in hashes:
-            if h not in lru:
-                break
-            matched += 1
-        return matched
+        high = len(hashes)
+        if hashes[high - 1] in lru:
+            return high
+        low = 1  # hashes[:low] held, hashes[high - 1] not
+        high -= 1
+        while low < high:
+            mid = (low + high) // 2
+            if hashes[mid] in lru:
+                low = mid + 1
+            else:
+                high = mid
+        return low
 
     def held_anywhere(self, block_hash: int) -> bool:
         """Whether any replica is believed to hold this block (read-only; one lookup per replica)."""
@@ -61,9 +73,12 @@ class PrefixIndex:
         lru = self._lru.setdefault(replica_id, OrderedDict())
         # Last block first, so the first (most shared) block ends most recent and tails are evicted first,
         # the order an engine's prefix cache frees blocks in.
+        move_to_end = lru.move_to_end
         for h in reversed(hashes):
-            lru[h] = None
-            lru.move_to_end(h)
+            if h in lru:  # one lookup for a held block (the common case), not a store and a move
+                move_to_end(h)
+            else:
+                lru[h] = None
         self._evict(replica_id, lru)
 
     def forget(self, replica_id: str) -> None:

@@ -169,8 +169,10 @@ def test_skewed_workload_respects_the_bound() -> None:
 def test_outlier_ejection_backs_off_and_recovers() -> None:
     det = OutlierDetector(failures_to_eject=2, base_ejection_s=1.0, max_ejection_s=3.0)
     assert det.record_failure("r", now_s=0.0) is None
+    assert det.none_ejected(0.0)
     assert det.record_failure("r", now_s=0.0) == 1.0
     assert det.is_ejected("r", 0.5) and not det.is_ejected("r", 1.0)
+    assert not det.none_ejected(0.5) and det.none_ejected(1.0)  # the fleet's per-request shortcut
     det.record_failure("r", now_s=1.0)
     assert det.record_failure("r", now_s=1.0) == 2.0  # doubled
     det.record_failure("r", now_s=3.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -112,3 +113,21 @@ def test_per_replica_capacity_and_forgetting() -> None:
     assert index.entries() == 10
     index.forget("big")
     assert index.entries() == 0
+
+
+def test_held_blocks_stay_prefix_closed_so_the_binary_search_equals_a_scan() -> None:
+    """Many prompts sharing heads at random depths, through a small LRU that evicts all the time:
+    every answer of the binary search equals a plain leading-block scan."""
+    rng = random.Random(7)
+    index = PrefixIndex(default_capacity_blocks=40)
+    heads = ["".join(rng.choice("ab") for _ in range(4 * rng.randint(1, 12))) for _ in range(30)]
+    prompts = [h + "".join(rng.choice("xyz") for _ in range(4 * rng.randint(0, 10))) for h in heads * 4]
+    lru = index._lru  # the scan reads the same LRU the search does
+    for n, prompt in enumerate(prompts):
+        index.record(f"r{n % 2}", hashes(prompt))
+        for other in rng.sample(prompts, 10):
+            wanted = hashes(other)
+            for replica in ("r0", "r1"):
+                held = lru.get(replica, {})
+                scan = next((i for i, h in enumerate(wanted) if h not in held), len(wanted))
+                assert index.matched_blocks(replica, wanted) == scan
