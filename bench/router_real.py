@@ -141,11 +141,13 @@ def main() -> None:
     parser.add_argument("--system-chars", type=int, default=1200)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--kv-blocks", type=int, default=128, help="per engine, of 16 tokens")
+    parser.add_argument("--layers", type=int, default=4, help="of the random-weight model")
+    parser.add_argument("--hidden", type=int, default=256, help="of the random-weight model")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     results: dict[str, list[dict[str, Any]]] = {"kvfleet": [], "round-robin": []}
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_tiny_model(Path(tmp) / "model", layers=4, hidden=256, vocab=2048)
+        model = make_tiny_model(Path(tmp) / "model", layers=args.layers, hidden=args.hidden, vocab=2048)
         engines: list[Engine] = []
         try:
             t0 = time.monotonic()
@@ -200,7 +202,8 @@ def write(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) ->
     )
     ours, rr = summary["kvfleet"], summary["round-robin"]
     lines = [
-        f"{args.replicas} reference engines (tiny random model, 4 layers x 256 hidden, CPU, 1 thread each), "
+        f"{args.replicas} reference engines (random model, {args.layers} layers x {args.hidden} hidden, CPU, "
+        "1 thread each), "
         f"{args.kv_blocks} KV blocks of 16 tokens per engine; {args.tenants} tenants' system prompts of "
         f"{args.system_chars} chars; {args.requests} streamed chat requests per run, {args.concurrency} at a time; "
         f"{args.rounds} rounds, medians. Router in process with the client; {os.cpu_count()} shared cores "

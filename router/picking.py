@@ -255,19 +255,21 @@ class Strategy:
         if not candidates:
             return None
         remaining = candidates
+        count = len(remaining)
         dropped: list[tuple[str, tuple[str, ...]]] = []
         for f in self.filters:
             kept = f.filter(remaining, request)
-            if not kept:
+            kept_count = len(kept)
+            if not kept_count:
                 if f.required:
                     return None
                 dropped.append((f.name, ()))
                 continue
-            if len(kept) < len(remaining):
+            if kept_count < count:
                 left = {c.replica_id for c in kept}
                 dropped.append((f.name, tuple(sorted(c.replica_id for c in remaining if c.replica_id not in left))))
-            remaining = kept
-            if len(remaining) == 1:
+            remaining, count = kept, kept_count
+            if count == 1:
                 # The later filters never empty a set (they are skipped when they would), so one candidate
                 # stays the only one, and scores cannot change a choice of one.
                 return self._pick(remaining[0], request, 0.0, dropped)
@@ -280,7 +282,7 @@ class Strategy:
             else:
                 totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
         if totals is None:
-            totals = [0.0] * len(remaining)
+            totals = [0.0] * count
         chosen = self.picker.pick(remaining, totals)
         return self._pick(chosen, request, totals[remaining.index(chosen)], dropped)
 

@@ -70,7 +70,11 @@ class PrefixIndex:
 
     def record(self, replica_id: str, hashes: Sequence[int]) -> None:
         """The prompt was sent to the replica: its blocks are now the most recently used there."""
-        lru = self._lru.setdefault(replica_id, OrderedDict())
+        if not hashes:
+            return
+        lru = self._lru.get(replica_id)
+        if lru is None:
+            lru = self._lru[replica_id] = OrderedDict()
         # Last block first, so the first (most shared) block ends most recent and tails are evicted first,
         # the order an engine's prefix cache frees blocks in.
         move_to_end = lru.move_to_end
