@@ -270,9 +270,13 @@ class Handlers:
 
         await response.prepare(request)
         try:
-            if chat:
-                await send({**self._envelope(stream, chat, True), "choices": [choice(None, None, first=True)]})
+            role_sent = not chat
             async for output in _outputs(request, stream, self.state.settings.disconnect_poll_s):
+                if not role_sent and output.finish_reason != "error":
+                    # With the first output (after prefill), as vLLM does: a client's (and the router's)
+                    # time to the first body byte is then the time to the first token.
+                    await send({**self._envelope(stream, chat, True), "choices": [choice(None, None, first=True)]})
+                    role_sent = True
                 if output.finish_reason == "error":
                     await send(
                         {

@@ -221,8 +221,9 @@ async def test_200_streams_scale_up_complete_and_prefix_routing_beats_round_robi
                 before = await _prefix_counters(session, runtime, name)
                 prompts = workload(200, fresh=phase == "measure")
                 limit = asyncio.Semaphore(200 if phase == "scale-up" else 24)
-                # Long enough answers in the burst that the autoscaler's 1 s ticks see it on a quiet machine.
-                tokens = 48 if phase == "scale-up" else 8
+                # Answers long enough that the burst outlasts a scrape (0.5 s) plus a tick (0.5 s) several times over
+                # on a quiet machine too (48 tokens finished it in 2-3 s there and the test flaked; 128 take 7-9 s).
+                tokens = 128 if phase == "scale-up" else 8
                 await asyncio.gather(
                     *(bounded(limit, send(session, runtime.router.url, name, p, outcomes, tokens)) for p in prompts)
                 )
