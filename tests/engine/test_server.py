@@ -7,11 +7,13 @@ import asyncio
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
-from .conftest import SERVED, EngineProcess
+from .conftest import SERVED, EngineProcess, run_engine
 
 
 def metric(text: str, name: str, labels: str = f'model_name="{SERVED}"') -> float:
@@ -286,3 +288,28 @@ async def test_non_streaming_disconnect_frees_blocks(engine_server: EngineProces
             assert time.monotonic() < deadline, "the abandoned request still holds blocks"
             await asyncio.sleep(0.1)
     assert abort_count(now) == abort_count(before) + 1
+
+
+async def test_a_queued_chat_stream_sends_nothing_before_its_first_token(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """As vLLM: the role event goes out with the first token, so time to first byte is time to first token
+    (what the router's TTFT histogram and its awaiting-first-byte load signal read)."""
+    long = {"model": SERVED, "prompt": "hi", "max_tokens": 1500, "ignore_eos": True, "temperature": 0, "stream": True}
+    chat = {
+        "model": SERVED,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "stream": True,
+    }
+    with run_engine(tiny_model_dir, tmp_path, "--kv-blocks", "256", "--max-num-seqs", "1") as engine:
+        async with aiohttp.ClientSession() as s, s.post(f"{engine.url}/v1/completions", json=long) as first:
+            assert await first.content.readany()  # running: it holds the only sequence slot
+            async with s.post(f"{engine.url}/v1/chat/completions", json=chat) as second:
+                assert second.status == 200  # the head goes out at once
+                with pytest.raises(TimeoutError):  # queued behind the first: no event yet, not even the role
+                    await asyncio.wait_for(second.content.readany(), 0.5)
+                first.close()  # the first request goes away and frees the slot
+                events = await sse_events(second)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
