@@ -232,27 +232,19 @@ class Proxy:
         try:
             while not upstream.head_done:
                 await upstream.progress()
-        except UpstreamTimeoutError as e:
-            # Connected and sent, then silence: the replica may still be working on it, so no retry.
-            upstream.close()
-            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response headers in time") from e
-        except UpstreamClosedError as e:
-            upstream.close()
-            raise UpstreamAttemptError(lease.replica_id, f"{type(e).__name__}: {e}") from e
-        except BaseException:
-            upstream.close()
-            raise
-        try:
             if upstream.status == 503:
                 # Draining or still loading: nothing was done, try another replica.
                 raise UpstreamAttemptError(lease.replica_id, "answered 503 (draining or not ready)")
             first = await upstream.readany()
         except UpstreamTimeoutError as e:
+            # Connected and sent, then silence: the replica may still be working on it, so no retry.
             upstream.close()
-            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response body in time") from e
+            part = "body" if upstream.head_done else "headers"
+            raise GatewayTimeoutError(f"replica {lease.replica_id} sent no response {part} in time") from e
         except UpstreamClosedError as e:
             upstream.close()
-            raise UpstreamAttemptError(lease.replica_id, f"broke before the first byte: {e}") from e
+            where = "broke before the first byte" if upstream.head_done else type(e).__name__
+            raise UpstreamAttemptError(lease.replica_id, f"{where}: {e}") from e
         except BaseException:
             upstream.close()
             raise
