@@ -72,9 +72,7 @@ class Lease:
         if self._released:
             return
         self._released = True
-        if self._awaiting:
-            self._awaiting = False
-            self._replica.waiting -= 1
+        self.first_byte()  # no longer waiting either way (a no-op when it already counted)
         self._replica.inflight -= 1
         self._fleet._release(self, outcome)
 

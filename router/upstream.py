@@ -338,8 +338,7 @@ class UpstreamPool:
         """``send``, then wait for the response head."""
         response = await self.send(base_url, path_qs, headers, body)
         try:
-            while not response.head_done:
-                await response.progress()
+            await response.head()
         except BaseException:
             response.close()
             raise
@@ -351,9 +350,8 @@ class UpstreamPool:
 
         ``headers`` holds ``Name: value\\r\\n`` lines without Host, Content-Length or Connection.
         """
-        return self.send_nowait(base_url, path_qs, headers, body) or self._send_on(
-            await self._acquire(self._pools.get(base_url) or self._origin_pool(base_url)), path_qs, headers, body
-        )
+        pool = self._pools.get(base_url) or self._origin_pool(base_url)
+        return self._send_on(await self._acquire(pool), path_qs, headers, body)  # an idle connection first
 
     def send_nowait(self, base_url: str, path_qs: str, headers: bytes, body: bytes) -> UpstreamResponse | None:
         """``send`` on an idle pooled connection, without a coroutine; None when none is idle."""
