@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -23,15 +24,26 @@ from prometheus_client.utils import floatToGoString
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 
+_Value = TypeVar("_Value")
 
-class CounterSeries:
-    """A labelled counter: ``inc(labels)`` is one dict update."""
+
+class _Series(Generic[_Value]):
+    """A metric's name, help and label names, and its values by label tuple."""
 
     def __init__(self, name: str, documentation: str, label_names: Sequence[str]) -> None:
         self.name = name
         self.documentation = documentation
         self.label_names = list(label_names)
-        self.values: dict[tuple[str, ...], float] = {}
+        self.values: dict[tuple[str, ...], _Value] = {}
+
+    def forget(self, first_label: str) -> None:
+        """Drop every series whose first label (the model) is ``first_label``."""
+        for labels in [k for k in self.values if k[:1] == (first_label,)]:
+            del self.values[labels]
+
+
+class CounterSeries(_Series[float]):
+    """A labelled counter: ``inc(labels)`` is one dict update."""
 
     def inc(self, labels: tuple[str, ...]) -> None:
         values = self.values
@@ -44,27 +56,27 @@ class CounterSeries:
         return family
 
 
-class HistogramSeries:
-    """A labelled histogram: ``observe`` is a C bisect and two list updates; cumulated when scraped."""
+class HistogramSeries(_Series[list[float]]):
+    """A labelled histogram: ``observe`` is a C bisect and two list updates; cumulated when scraped.
+
+    Each value is the per-bucket counts (+Inf last), then the sum.
+    """
 
     def __init__(self, name: str, documentation: str, label_names: Sequence[str], buckets: Sequence[float]) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.label_names = list(label_names)
+        super().__init__(name, documentation, label_names)
         self.bounds = [float(b) for b in buckets]
-        self.series: dict[tuple[str, ...], list[float]] = {}  # per-bucket counts (+Inf last), then the sum
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
-        counts = self.series.get(labels)
+        counts = self.values.get(labels)
         if counts is None:
-            counts = self.series[labels] = [0.0] * (len(self.bounds) + 2)
+            counts = self.values[labels] = [0.0] * (len(self.bounds) + 2)
         counts[bisect.bisect_left(self.bounds, value)] += 1.0  # le: a value equal to a bound counts in it
         counts[-1] += value
 
     def collect(self) -> Metric:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.label_names)
         edges = [*(floatToGoString(b) for b in self.bounds), "+Inf"]
-        for labels, counts in list(self.series.items()):
+        for labels, counts in list(self.values.items()):
             cumulative, buckets = 0.0, []
             for edge, count in zip(edges, counts[:-1], strict=True):
                 cumulative += count
@@ -121,9 +133,7 @@ class RouterMetrics:
 
     def forget_model(self, model: str) -> None:
         for series in self._series:
-            table = series.values if isinstance(series, CounterSeries) else series.series
-            for labels in [k for k in table if k[:1] == (model,)]:
-                del table[labels]
+            series.forget(model)
         with contextlib.suppress(KeyError):
             self.queue_depth.remove(model)
 
