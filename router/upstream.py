@@ -203,11 +203,6 @@ class UpstreamResponse:
         self._eof = True
         self._wake()
 
-    @property
-    def headers(self) -> list[tuple[str, str]]:
-        """``raw_headers`` decoded (latin-1, as HTTP/1.1 header bytes are)."""
-        return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self.raw_headers]
-
     # -- from the connection ---------------------------------------------------------------------
 
     def _connection_lost(self, exc: Exception | None) -> None:
