@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from kvfleet.engine.engine_core import EngineCore, EngineRequest, RequestOutput,
 from kvfleet.engine.sampling import SamplingParams
 from kvfleet.engine.settings import EngineSettings
 from kvfleet.engine.tiny_model import make_tiny_model
+from kvfleet.local_models import EngineLaunch
 
 
 def pick_free_port() -> int:
@@ -68,24 +68,7 @@ def run_engine(model_dir: Path, log_dir: Path, *args: str) -> Iterator[EnginePro
     """Start a real engine server and stop it (SIGTERM, then SIGKILL) however the test ends."""
     port = pick_free_port()
     log_path = log_dir / f"engine-{port}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "kvfleet.cli",
-        "engine",
-        "serve",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        SERVED,
-        "--threads",
-        "1",
-        *args,
-    ]
+    cmd = EngineLaunch("test", SERVED, model_dir, ("--threads", "1", *args), {}).argv(port)
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
             cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}

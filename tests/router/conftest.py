@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from support.processes import stop_process
 
+from kvfleet.local_models import EngineLaunch
 from kvfleet.router.replicas import ReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings
@@ -158,24 +159,7 @@ class Engine:
 def start_engine(model_dir: Path, replica_id: str, log_dir: Path, served: str, *args: str) -> Engine:
     port = pick_free_port()
     log = log_dir / f"engine-{replica_id}.log"
-    cmd = [
-        sys.executable,
-        "-c",
-        "from kvfleet.cli import main; main()",
-        "engine",
-        "serve",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        served,
-        "--threads",
-        "1",
-        *args,
-    ]
+    cmd = EngineLaunch(replica_id, served, model_dir, ("--threads", "1", *args), {}).argv(port)
     with log.open("wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
     engine = Engine(replica_id, port, proc, log)
