@@ -6,7 +6,6 @@ import asyncio
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import aiohttp
 import pytest
 
 from kvfleet.engine.tiny_model import make_tiny_model
+from kvfleet.local_models import EngineLaunch
 
 from .conftest import SERVED, run_engine
 
@@ -98,21 +98,7 @@ def test_pickled_checkpoint_is_refused(tmp_path: Path, tiny_model_dir: Path) -> 
         (model / name).write_bytes((tiny_model_dir / name).read_bytes())
     (model / "pytorch_model.bin").write_bytes(b"not unpickled")
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvfleet.cli",
-            "engine",
-            "serve",
-            "--model",
-            str(model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--served-model-name",
-            SERVED,
-        ],
+        EngineLaunch("test", SERVED, model, (), {}).argv(0),
         capture_output=True,
         text=True,
         timeout=120,
