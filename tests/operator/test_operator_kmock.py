@@ -163,7 +163,7 @@ async def test_update_rolls_the_deployment(cluster: Cluster, operator: RunningOp
     spec_json = cluster.get(CONFIGMAPS, NS, "tiny-engine-spec")["data"]["spec.json"]  # type: ignore[index]
     assert '"maxModelLen": 1024' in spec_json
     infd = await eventually(
-        lambda: (o := cluster.get(INFD, NS, "tiny")) and o["status"].get("observedGeneration") == 2 and o,
+        lambda: (o := cluster.get(INFD, NS, "tiny")) and o.get("status", {}).get("observedGeneration") == 2 and o,
         what="observedGeneration 2",
     )
     assert infd["status"]["desiredReplicas"] == 2
@@ -339,7 +339,7 @@ async def test_measured_cold_start_comes_from_the_launcher(cluster: Cluster, fre
         await cluster.call("POST", f"/api/v1/namespaces/{NS}/pods", pod)
         await cluster.roll_out(NS, "tiny", ready=1)
         infd = await eventually(
-            lambda: (o := cluster.get(INFD, NS, "tiny")) and "measuredColdStartSeconds" in o["status"] and o,
+            lambda: (o := cluster.get(INFD, NS, "tiny")) and "measuredColdStartSeconds" in o.get("status", {}) and o,
             what="measuredColdStartSeconds",
         )
         assert infd["status"]["measuredColdStartSeconds"] == 42.5
