@@ -23,7 +23,13 @@ from kvfleet.spec import (
     SHORT_NAMES,
     SINGULAR,
     VERSION,
+    MANAGED_ENGINE_FLAGS,
+    MAX_NAME_CHARS,
+    NAME_PATTERN,
+    AutoscalingSpec,
+    EngineSpec,
     InferenceDeploymentSpec,
+    RoutingSpec,
 )
 from kvfleet.status import InferenceDeploymentStatus
 
@@ -37,8 +43,17 @@ PRESERVE_UNKNOWN_FIELDS = {
     ),
 }
 
+# Model defaults the cross-field rules need when a field is omitted (the API server defaults a field
+# only when its parent object is present).
+_ENGINE_KIND = EngineSpec.model_fields["kind"].default
+_MIN_REPLICAS = AutoscalingSpec.model_fields["min_replicas"].default
+_COLD_START_S = float(AutoscalingSpec.model_fields["cold_start_seconds"].default)
+_QUEUE_WAIT_S = float(RoutingSpec.model_fields["max_queue_wait_seconds"].default)
+_MANAGED_FLAGS = ", ".join(f"'{flag}'" for flag in sorted(MANAGED_ENGINE_FLAGS))
+
 # CEL rules, keyed by the dotted schema path of the object they sit on. Each mirrors a validator
-# in kvfleet.spec (named in the comment) so the API server rejects the same specs.
+# in kvfleet.spec (named in the comment) so the API server rejects the same specs, and its
+# fieldPath makes the API server name the same field `kvfleet validate` names.
 CEL_RULES: dict[str, list[dict[str, str]]] = {
     "spec": [
         {  # InferenceDeploymentSpec._cross_checks: replicas xor autoscaling
@@ -46,33 +61,84 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "(!has(self.autoscaling.enabled) || self.autoscaling.enabled))",
             "message": "spec.replicas is set while spec.autoscaling.enabled is true; remove one "
             "(kubectl scale works only with autoscaling off)",
+            "fieldPath": ".replicas",
         },
         {  # InferenceDeploymentSpec._cross_checks: tensor parallel size divides gpus
             "rule": "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus == 0 || "
             "!has(self.engine) || !has(self.engine.tensorParallelSize) || "
             "self.resources.gpus % self.engine.tensorParallelSize == 0",
             "message": "spec.engine.tensorParallelSize must divide spec.resources.gpus",
+            "fieldPath": ".engine.tensorParallelSize",
         },
+        {  # InferenceDeploymentSpec._cross_checks: vLLM needs GPUs
+            "rule": f"(has(self.engine) && has(self.engine.kind) ? self.engine.kind : '{_ENGINE_KIND}') == "
+            "'reference' || !has(self.resources) || !has(self.resources.gpus) || self.resources.gpus >= 1",
+            "message": "spec.resources.gpus must be >= 1 for every engine.kind but reference (GPUs needed)",
+            "fieldPath": ".resources.gpus",
+        },
+        {  # InferenceDeploymentSpec._cross_checks: tensor parallelism needs GPUs
+            "rule": "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus != 0 || "
+            "!has(self.engine) || !has(self.engine.tensorParallelSize) || self.engine.tensorParallelSize == 1",
+            "message": "spec.engine.tensorParallelSize > 1 needs GPUs (spec.resources.gpus is 0)",
+            "fieldPath": ".engine.tensorParallelSize",
+        },
+        {  # InferenceDeploymentSpec._cross_checks: a wake from zero must not time out in the queue
+            "rule": "!has(self.autoscaling) || (has(self.autoscaling.enabled) && !self.autoscaling.enabled) || "
+            f"(has(self.autoscaling.minReplicas) ? self.autoscaling.minReplicas : {_MIN_REPLICAS}) != 0 || "
+            "(has(self.routing) && has(self.routing.maxQueueWaitSeconds) ? "
+            f"double(self.routing.maxQueueWaitSeconds) : {_QUEUE_WAIT_S}) >= "
+            "(has(self.autoscaling.coldStartSeconds) ? "
+            f"double(self.autoscaling.coldStartSeconds) : {_COLD_START_S})",
+            "message": "spec.routing.maxQueueWaitSeconds is shorter than spec.autoscaling.coldStartSeconds: "
+            "requests that wake the deployment from zero would always time out",
+            "fieldPath": ".routing.maxQueueWaitSeconds",
+        },
+        {  # InferenceDeploymentSpec._cross_checks: a pvc:// model is already in the cluster
+            "rule": "!self.model.uri.startsWith('pvc://') || !has(self.cache) || !has(self.cache.bucket)",
+            "message": "spec.cache.bucket is for s3:// and hf:// models; a pvc:// model is already in the cluster",
+            "fieldPath": ".cache.bucket",
+        },
+    ],
+    "spec.model.uri": [
+        {  # ModelSource._known_scheme: the bucket of an s3:// URI
+            "rule": "!self.startsWith('s3://') || self.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')",
+            "message": "spec.model.uri: the bucket is not a valid S3 bucket name",
+        },
+        {  # ModelSource._known_scheme: no '..' path segment
+            "rule": "!self.matches('^[a-z0-9]+://(.*/)?[.][.](/.*)?$')",
+            "message": "spec.model.uri must not contain '..' path segments",
+        },
+    ],
+    "spec.engine.extraArgs": [
+        {  # EngineSpec._no_managed_flags
+            "rule": f"self.all(a, ![{_MANAGED_FLAGS}].exists(f, a == f || a.startsWith(f + '=')))",
+            "message": "spec.engine.extraArgs sets a flag kvfleet manages from the spec (--port, --model, "
+            "--served-model-name, ...); use the matching engine field instead",
+        }
     ],
     "spec.model": [
         {  # ModelSource._pickle_needs_consent
             "rule": "!has(self.format) || self.format != 'pickle' || (has(self.allowPickle) && self.allowPickle)",
             "message": "spec.model.format 'pickle' needs spec.model.allowPickle: true (unpickling can run code)",
+            "fieldPath": ".format",
         }
     ],
     "spec.autoscaling": [
         {  # AutoscalingSpec._consistent
             "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
             "message": "spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas",
+            "fieldPath": ".minReplicas",
         },
         {
             "rule": "!has(self.scaleToZeroAfterSeconds) || (has(self.minReplicas) && self.minReplicas == 0)",
             "message": "spec.autoscaling.scaleToZeroAfterSeconds needs spec.autoscaling.minReplicas: 0",
+            "fieldPath": ".scaleToZeroAfterSeconds",
         },
         {
             "rule": "!has(self.panicWindowSeconds) || !has(self.windowSeconds) || "
             "self.panicWindowSeconds < self.windowSeconds",
             "message": "spec.autoscaling.panicWindowSeconds must be < spec.autoscaling.windowSeconds",
+            "fieldPath": ".panicWindowSeconds",
         },
     ],
     "spec.cache": [
@@ -80,24 +146,28 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "rule": "!has(self.artifacts) || !has(self.artifacts.enabled) || !self.artifacts.enabled || "
             "has(self.bucket)",
             "message": "spec.cache.artifacts.enabled needs spec.cache.bucket",
+            "fieldPath": ".bucket",
         }
     ],
     "spec.cache.nodeCache": [
         {  # NodeCacheSpec._host_path_set
             "rule": "!has(self.type) || self.type != 'hostPath' || has(self.hostPath)",
             "message": "spec.cache.nodeCache.type hostPath needs spec.cache.nodeCache.hostPath",
+            "fieldPath": ".hostPath",
         }
     ],
     "spec.engine.env[]": [
         {  # EnvVar._one_source
             "rule": "!(has(self.value) && has(self.valueFrom))",
             "message": "set either value or valueFrom, not both",
+            "fieldPath": ".valueFrom",
         }
     ],
     "spec.engine.env[].valueFrom": [
         {  # EnvVarSource._exactly_one
             "rule": "has(self.secretKeyRef) != has(self.configMapKeyRef)",
             "message": "set exactly one of secretKeyRef or configMapKeyRef",
+            "fieldPath": ".secretKeyRef",
         }
     ],
 }
@@ -116,6 +186,7 @@ PRINTER_COLUMNS = [
 ]
 
 _DROP_KEYS = {"title", "discriminator", "propertyNames"}
+MAX_MAP_KEYS = 64  # a bound the API server's CEL cost estimate needs for rules over map keys
 
 
 def _convert(node: Any, defs: dict[str, Any], path: str) -> Any:
@@ -126,6 +197,14 @@ def _convert(node: Any, defs: dict[str, Any], path: str) -> Any:
     if "$ref" in node:
         target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
         node = {**copy.deepcopy(target), **node}
+    key_rules: list[dict[str, str]] = []
+    if "patternProperties" in node:
+        # The API server refuses patternProperties in a structural schema: the value schema becomes
+        # additionalProperties and the key pattern a CEL rule, over a bounded number of keys.
+        ((pattern, value_schema),) = node.pop("patternProperties").items()
+        node["additionalProperties"] = value_schema
+        node.setdefault("maxProperties", MAX_MAP_KEYS)
+        key_rules.append({"rule": f"self.all(k, k.matches('{pattern}'))", "message": f"{path} keys must match {pattern}"})
     if "anyOf" in node:
         branches = [b for b in node.pop("anyOf") if b != {"type": "null"}]
         if len(branches) == 1:
@@ -164,8 +243,8 @@ def _convert(node: Any, defs: dict[str, Any], path: str) -> Any:
         out.pop("type", None)
         out["x-kubernetes-int-or-string"] = True
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if path in CEL_RULES:
-        out["x-kubernetes-validations"] = CEL_RULES[path]
+    if path in CEL_RULES or key_rules:
+        out["x-kubernetes-validations"] = [*CEL_RULES.get(path, []), *key_rules]
     if path in NO_DOTDOT_PATHS:
         out["x-kubernetes-validations"] = [{"rule": "!self.contains('..')", "message": f"{path} must not contain '..'"}]
     if path == "spec.model.uri":
@@ -189,7 +268,13 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object (kvfleet.io/v1alpha1)."},
             "kind": {"type": "string", "description": "Kind of this object (InferenceDeployment)."},
-            "metadata": {"type": "object"},
+            # The API server checks names only as DNS subdomains (253 characters); the children's
+            # names append up to 11 characters and must stay DNS-1035 labels. A structural schema may
+            # restrict metadata.name (and nothing else of metadata).
+            "metadata": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": MAX_NAME_CHARS, "pattern": NAME_PATTERN}},
+            },
             "spec": _schema_of(InferenceDeploymentSpec, "spec"),
             "status": _schema_of(InferenceDeploymentStatus, "status"),
         },

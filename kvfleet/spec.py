@@ -473,7 +473,7 @@ class SchedulingSpec(ApiModel):
     node_selector: dict[
         Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN, max_length=316)],
         Annotated[str, StringConstraints(max_length=63)],
-    ] = Field(default_factory=dict, description="Node labels the pods require.")
+    ] = Field(default_factory=dict, max_length=64, description="Node labels the pods require (at most 64).")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Taints tolerated.")
     affinity: dict[str, Any] | None = Field(
         default=None,

@@ -27,6 +27,12 @@ MIRRORED = [
     "env-value-and-value-from",
     "dotdot-in-cache-prefix",
     "dotdot-in-artifacts-prefix",
+    "vllm-without-gpus",
+    "tp-without-gpus",
+    "queue-wait-shorter-than-cold-start",
+    "managed-flag-in-extra-args",
+    "bad-bucket-in-uri",
+    "dotdot-in-uri",
 ]
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build the upstream Kubernetes control plane used by the k8s-marked tests and `kvfleet dev cluster`:
-# kube-apiserver, kube-controller-manager, kube-scheduler (tools/k8s), etcd (tools/etcd) and kwok
-# (tools/kwok), from Go modules through the Go module proxy. Nothing is committed: binaries go to a
-# cache outside the repository keyed by the Kubernetes version and a hash of the three go.sum files,
-# and a complete cache is reused as it is (seconds). Prints progress; fails loudly with the reason.
+# kube-apiserver, kube-controller-manager, kube-scheduler (tools/k8s), etcd (tools/etcd), kwok
+# (tools/kwok) and the helm CLI (tools/helm), from Go modules through the Go module proxy. Nothing is
+# committed: binaries go to a cache outside the repository keyed by the Kubernetes version and a hash
+# of the go.sum files and this script, and a complete cache is reused as it is (seconds). Prints
+# progress; fails loudly with the reason.
 #
 # Output: the cache's bin/ folder on the last line of stdout.
 # Env: KVFLEET_K8S_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/kvfleet/k8s).
@@ -12,7 +13,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 tools="$(dirname "$here")"
 version="$(tr -d '[:space:]' < "$here/VERSION")"
 command -v go >/dev/null 2>&1 || { echo "k8s build: FAILED: no 'go' on PATH (Go >= 1.26 is needed)" >&2; exit 1; }
-key="$version-$(cat "$here/go.sum" "$tools/etcd/go.sum" "$tools/kwok/go.sum" "$here/build.sh" | sha256sum | cut -c1-12)"
+key="$version-$(cat "$here/go.sum" "$tools/etcd/go.sum" "$tools/kwok/go.sum" "$tools/helm/go.sum" "$here/build.sh" | sha256sum | cut -c1-12)"
 root="${KVFLEET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfleet/k8s}"
 out="$root/$key"
 if [ -f "$out/.complete" ]; then
@@ -54,6 +55,15 @@ step kube-apiserver "$here" k8s.io/kubernetes/cmd/kube-apiserver "$ldflags"
 step kube-controller-manager "$here" k8s.io/kubernetes/cmd/kube-controller-manager "$ldflags"
 step kube-scheduler "$here" k8s.io/kubernetes/cmd/kube-scheduler "$ldflags"
 step kwok "$tools/kwok" sigs.k8s.io/kwok/cmd/kwok
+# kwok's own "fast" stages (nodes Ready with leases, pods Ready at once, deleted at once), taken
+# from the pinned module so they always match the binary.
+kwok_dir="$(cd "$tools/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+for stage in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+  cat "$kwok_dir/kustomize/stage/$stage"; echo "---"
+done > "$out/kwok-stages.yaml"
+helm_version="$(cd "$tools/helm" && go list -m -f '{{.Version}}' helm.sh/helm/v4)"
+step helm "$tools/helm" helm.sh/helm/v4/cmd/helm "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version"
 
 secs=$(( $(date +%s) - start ))
 {

@@ -1,0 +1,1 @@
+"""A real Kubernetes control plane on this machine, from upstream binaries built from Go modules."""
