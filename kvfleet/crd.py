@@ -18,14 +18,14 @@ import yaml
 from kvfleet.spec import (
     GROUP,
     KIND,
+    MANAGED_ENGINE_FLAGS,
+    MAX_NAME_CHARS,
+    NAME_PATTERN,
     PLURAL,
     QUANTITY_PATTERN,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
-    MANAGED_ENGINE_FLAGS,
-    MAX_NAME_CHARS,
-    NAME_PATTERN,
     AutoscalingSpec,
     EngineSpec,
     InferenceDeploymentSpec,
@@ -204,7 +204,9 @@ def _convert(node: Any, defs: dict[str, Any], path: str) -> Any:
         ((pattern, value_schema),) = node.pop("patternProperties").items()
         node["additionalProperties"] = value_schema
         node.setdefault("maxProperties", MAX_MAP_KEYS)
-        key_rules.append({"rule": f"self.all(k, k.matches('{pattern}'))", "message": f"{path} keys must match {pattern}"})
+        key_rules.append(
+            {"rule": f"self.all(k, k.matches('{pattern}'))", "message": f"{path} keys must match {pattern}"}
+        )
     if "anyOf" in node:
         branches = [b for b in node.pop("anyOf") if b != {"type": "null"}]
         if len(branches) == 1:
