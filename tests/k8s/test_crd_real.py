@@ -76,9 +76,7 @@ def test_printer_columns_show_status_values(kubectl: Kubectl, crd_installed: Non
             ],
         }
     }
-    kubectl(
-        "patch", "infd", "m", "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(status)
-    )
+    kubectl("patch", "infd", "m", "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(status))
     out = kubectl("get", "infd", "m", "-n", namespace).splitlines()
     assert out[0].split() == ["NAME", "MODEL", "ENGINE", "READY", "DESIRED", "STATUS", "AGE"]
     row = out[1].split()
