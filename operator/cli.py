@@ -35,6 +35,9 @@ def operator() -> None:
 @click.option("--resync-interval-s", type=float, help="Seconds between drift checks of each deployment.")
 @click.option("--peering", "peering_name", help=f"kopf peering name for HA (e.g. {PEERING_NAME}); omit to run alone.")
 @click.option("--priority", type=int, help="Peering priority; default random, so replicas never tie.")
+@click.option(
+    "--peering-lifetime-s", type=int, help="Seconds a silent peer is trusted (how soon a standby takes over)."
+)
 def run(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
@@ -44,6 +47,7 @@ def run(
     resync_interval_s: float | None,
     peering_name: str | None,
     priority: int | None,
+    peering_lifetime_s: int | None,
 ) -> None:
     """Run the operator (in a pod, or against the current kubeconfig)."""
     from .runner import run_operator
@@ -60,6 +64,8 @@ def run(
         # kopf pauses operators that see a peer of the same or higher priority: a random priority
         # per replica makes exactly one (the highest) active; the others take over when it dies.
         values["priority"] = priority if priority is not None else random.SystemRandom().randrange(1, 2**31 - 1)
+    if peering_lifetime_s is not None:
+        values["peering_lifetime_s"] = peering_lifetime_s
     try:
         settings = OperatorSettings.model_validate(values)
     except ValidationError as e:

@@ -42,11 +42,11 @@ class Kubectl:
         return result.stdout
 
     def json(self, *args: str) -> Any:
-        return json.loads(self(*args, "-o", "json"))
+        return json.loads(self(*args, "-o", "json", "--show-managed-fields"))
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         ns = ["-n", namespace] if namespace else []
-        result = self.run("get", kind, name, *ns, "-o", "json")
+        result = self.run("get", kind, name, *ns, "-o", "json", "--show-managed-fields")
         if result.returncode != 0:
             if "NotFound" in result.stderr or "not found" in result.stderr:
                 return None
