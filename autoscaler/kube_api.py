@@ -77,7 +77,9 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
 
     def authorization() -> str | None:
-        value = configuration.get_api_key_with_prefix("authorization")
+        # kubernetes >= 31 keeps the token under "BearerToken" ("authorization" before): reading
+        # only the old key sent every token-authenticated request anonymously.
+        value = configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         return str(value) if value else None
 
     cert = (

@@ -71,10 +71,22 @@ class KubeApi:
 
         configuration = client.Configuration()
         config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
-        if configuration.api_key.get("authorization"):
+        token_file = _kubeconfig_token_file(path, context)
+        if token_file is not None:
+            # A token by reference (a projected or `kubectl create token` file), re-read per connect.
+            return cls(
+                server=configuration.host,
+                token_file=token_file,
+                ca_file=Path(configuration.ssl_ca_cert) if configuration.ssl_ca_cert else None,
+                insecure=not configuration.verify_ssl,
+            )
+        if configuration.get_api_key_with_prefix("BearerToken", alias="authorization"):
             # A kubeconfig token is inline: this object holds secrets only by file reference. In a
             # cluster the router uses its service account; outside, a client certificate.
-            raise KubeApiError("kubeconfig token auth is not supported here; use in-cluster or a client certificate")
+            raise KubeApiError(
+                "an inline kubeconfig token is not supported here (secrets by reference only); "
+                "use tokenFile, a client certificate, or in-cluster credentials"
+            )
         return cls(
             server=configuration.host,
             ca_file=Path(configuration.ssl_ca_cert) if configuration.ssl_ca_cert else None,
@@ -97,6 +109,24 @@ class KubeApi:
         if self.client_cert_file:
             context.load_cert_chain(str(self.client_cert_file), str(self.client_key_file or self.client_cert_file))
         return context
+
+
+def _kubeconfig_token_file(path: str | None, context: str | None) -> Path | None:
+    """The current user's ``tokenFile`` in a kubeconfig, if it names one (relative to the file)."""
+    import yaml
+
+    config_path = Path(path or os.environ.get("KUBECONFIG", "") or Path.home() / ".kube" / "config")
+    try:
+        doc = yaml.safe_load(config_path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    name = context or doc.get("current-context")
+    ctx = next((c.get("context") or {} for c in doc.get("contexts") or [] if c.get("name") == name), {})
+    user = next((u.get("user") or {} for u in doc.get("users") or [] if u.get("name") == ctx.get("user")), {})
+    token_file = user.get("tokenFile")
+    if not token_file:
+        return None
+    return (config_path.parent / token_file).resolve()
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -158,6 +158,9 @@ def component_argv(
             f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={settings.service_cidr}",
             "--authorization-mode=RBAC",
+            # As hardened clusters do: setting blockOwnerDeletion needs update on the owner's
+            # finalizers, so the operator's RBAC is checked for it.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--allow-privileged=true",
             f"--audit-policy-file={root / 'audit-policy.yaml'}",
             f"--audit-log-path={root / 'logs' / 'audit.log'}",

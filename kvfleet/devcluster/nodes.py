@@ -26,6 +26,8 @@ def gpu_nodes(count: int, *, gpus: int, product: str, cpu: str = "64", memory: s
                     "kubernetes.io/hostname": f"kwok-gpu-{i}",
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
+                    # Spread over three zones, as a real GPU node pool is (topology spread needs it).
+                    "topology.kubernetes.io/zone": f"zone-{'abc'[i % 3]}",
                     "type": "kwok",
                     GPU_PRODUCT_LABEL: product,
                     "nvidia.com/gpu.count": str(gpus),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
+import yaml
 
 from kvfleet.autoscaler.actuators import ActuatorError, KubernetesActuator, ScaleCommand, TargetGone
 from kvfleet.autoscaler.deployments import KubernetesDeployments
@@ -141,3 +143,25 @@ def test_lease_verdicts() -> None:
     assert lease_verdict({"spec": {"holderIdentity": "x"}}, "me", t0) == "acquire"
     with pytest.raises(ValueError, match="retry_period_s < renew_deadline_s"):
         LeaseSettings(namespace="default", identity="a", renew_deadline_s=20)
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["token", "tokenFile"])
+def test_kubeconfig_token_is_sent(tmp_path: Path, inline: bool) -> None:
+    """The kubernetes client keeps kubeconfig tokens under "BearerToken" since v31: a connection that
+    read only "authorization" went out anonymous (seen as system:anonymous on a real API server)."""
+    from kvfleet.autoscaler.kube_api import load_connection
+
+    token_file = tmp_path / "token"
+    token_file.write_text("abc.def")
+    user = {"token": "abc.def"} if inline else {"tokenFile": str(token_file)}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    assert load_connection(str(path)).authorization() == "Bearer abc.def"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from support.real_cluster import Kubectl, OperatorProcess, wait_for
 
 from kvfleet.devcluster.binaries import ensure_binaries
@@ -87,3 +88,13 @@ def start_operator(
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def monitoring_crds(control_plane: ControlPlane, kubectl: Kubectl) -> None:
+    """The Prometheus Operator's own ServiceMonitor and PrometheusRule CRDs (tools/k8s/build.sh)."""
+    crds = control_plane.settings.bin_dir.parent / "crds"
+    kubectl("apply", "--server-side", "-f", str(crds))
+    for path in crds.glob("*.yaml"):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")

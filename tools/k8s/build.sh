@@ -62,6 +62,14 @@ for stage in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heart
     pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
   cat "$kwok_dir/kustomize/stage/$stage"; echo "---"
 done > "$out/kwok-stages.yaml"
+# The Prometheus Operator's own ServiceMonitor and PrometheusRule CRDs (the chart creates both
+# kinds), from its pinned Go module: the chart installs against the real schemas.
+promop=$(cd / && go mod download -json github.com/prometheus-operator/prometheus-operator@v0.85.0 \
+  | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+mkdir -p "$out/crds"
+for kind in servicemonitors prometheusrules; do
+  cp "$promop/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$out/crds/"
+done
 helm_version="$(cd "$tools/helm" && go list -m -f '{{.Version}}' helm.sh/helm/v4)"
 step helm "$tools/helm" helm.sh/helm/v4/cmd/helm "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version"
 
