@@ -396,13 +396,18 @@ class ControlPlane:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Running (a zombie whose parent has not reaped it yet has stopped: it counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust the signal check
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _is_component(pid: int) -> bool:

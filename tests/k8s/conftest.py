@@ -59,7 +59,8 @@ def helm_binary(control_plane: ControlPlane) -> Path:
 
 @pytest.fixture(scope="session")
 def crd_installed(kubectl: Kubectl) -> None:
-    kubectl("apply", "--server-side", "--field-manager=kvfleet-tests", "-f", str(CRD))
+    # --force-conflicts: the chart test may have installed it first, with helm as its manager.
+    kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=kvfleet-tests", "-f", str(CRD))
     kubectl("wait", "--for=condition=Established", "crd/inferencedeployments.kvfleet.io", "--timeout=60s")
     # The CRD's OpenAPI is published a moment after Established; explain and apply need it.
     wait_for(lambda: kubectl.run("explain", "infd.spec").returncode == 0, 60, "the CRD's OpenAPI to be served")

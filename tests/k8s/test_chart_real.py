@@ -79,7 +79,7 @@ def test_chart_installs_upgrades_and_uninstalls(
 
     rendered = helm("template", "kvfleet", str(CHART), "-n", release_namespace, "-f", str(values), "--include-crds")
     kubectl("create", "namespace", release_namespace)
-    out = kubectl("apply", "--dry-run=server", "-n", release_namespace, "-f", "-", stdin=rendered)
+    out = kubectl("apply", "--dry-run=server", "-f", "-", stdin=rendered)
     assert "(server dry run)" in out
     kubectl("delete", "namespace", release_namespace, "--wait=true", "--timeout=60s")
 

@@ -57,7 +57,8 @@ def forbidden(entries: list[dict[str, Any]], users: set[str], since: str) -> lis
         for e in entries
         if e.get("user", {}).get("username") in users
         and e.get("requestReceivedTimestamp", "") >= since
-        and e.get("responseStatus", {}).get("code") == 403
+        # RBAC's own refusals (a 403 for a namespace being deleted is admission's, not RBAC's).
+        and (e.get("annotations") or {}).get("authorization.k8s.io/decision") == "forbid"
     ]
 
 
