@@ -28,6 +28,22 @@ def default_deps(launch: LaunchSpec, settings: LauncherSettings) -> LaunchDeps:
     return LaunchDeps(weights=weights, artifacts=CacheArtifacts.for_spec(launch.spec))
 
 
+TERMINATION_LOG = Path(os.environ.get("KVFLEET_TERMINATION_LOG", "/dev/termination-log"))
+TERMINATION_MESSAGE_BYTES = 4096  # the kubelet keeps at most 4096 bytes of it
+
+
+def write_termination_message(message: str, path: Path | None = None) -> bool:
+    """Leave why the launch failed where the kubelet reads it into the pod status (and from there
+    the operator into the Degraded condition). Outside a pod the file may not exist: skip it."""
+    target = path or TERMINATION_LOG
+    try:
+        with open(target, "w", encoding="utf-8") as out:
+            out.write(message.encode("utf-8")[:TERMINATION_MESSAGE_BYTES].decode("utf-8", "ignore"))
+    except OSError:
+        return False
+    return True
+
+
 def _configure_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -62,6 +78,7 @@ def main(
         code = asyncio.run(run_with_signals(launcher))
     except LaunchError as e:
         print(e.one_line(), file=sys.stderr, flush=True)
+        write_termination_message(e.one_line())
         return e.exit_code
     if launcher.interrupted_before_engine:
         # A pull thread may still be copying bytes; its temp files are cleaned by the next pull, and

@@ -33,6 +33,9 @@ def operator() -> None:
 )
 @click.option("--router-endpoint", help="OpenAI base URL of the shared router, written to status.endpoint.")
 @click.option("--resync-interval-s", type=float, help="Seconds between drift checks of each deployment.")
+@click.option(
+    "--rollout-check-interval-s", type=float, help="Seconds between pod checks of a deployment that is not settled."
+)
 @click.option("--peering", "peering_name", help=f"kopf peering name for HA (e.g. {PEERING_NAME}); omit to run alone.")
 @click.option("--priority", type=int, help="Peering priority; default random, so replicas never tie.")
 @click.option(
@@ -45,6 +48,7 @@ def run(
     log_level: str,
     router_endpoint: str | None,
     resync_interval_s: float | None,
+    rollout_check_interval_s: float | None,
     peering_name: str | None,
     priority: int | None,
     peering_lifetime_s: int | None,
@@ -59,6 +63,8 @@ def run(
         values["router_endpoint"] = router_endpoint
     if resync_interval_s is not None:
         values["resync_interval_s"] = resync_interval_s
+    if rollout_check_interval_s is not None:
+        values["rollout_check_interval_s"] = rollout_check_interval_s
     if peering_name:
         values["peering_name"] = peering_name
         # kopf pauses operators that see a peer of the same or higher priority: a random priority

@@ -12,6 +12,8 @@ from typing import Any
 
 from kvfleet.status import CONDITION_TYPES, ConditionStatus, ConditionType
 
+from .pod_health import PodDiagnosis
+
 
 @dataclass(frozen=True)
 class DeploymentObservation:
@@ -65,6 +67,7 @@ class Observed:
     endpoint: str
     selector: str
     measured_cold_start_s: float | None
+    pods: PodDiagnosis | None = None  # why engine pods are not serving (crash loop, image pull, ...)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,10 @@ def _conditions(obs: Observed) -> list[Cond]:
         degraded = Cond("Degraded", "True", "InvalidSpec", obs.invalid_spec)
     elif obs.apply_error is not None:
         degraded = Cond("Degraded", "True", "ApplyFailed", obs.apply_error)
+    elif obs.pods is not None:
+        # The kubelet's or scheduler's own reason, seconds after it happens; the Deployment's
+        # progress deadline would say only "timed out", minutes later.
+        degraded = Cond("Degraded", "True", obs.pods.reason, obs.pods.message)
     elif dep is not None and dep.deadline_exceeded is not None:
         degraded = Cond("Degraded", "True", "ProgressDeadlineExceeded", dep.deadline_exceeded)
     elif dep is not None and dep.replica_failure is not None:

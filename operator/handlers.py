@@ -49,6 +49,17 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.peering.clusterwide = not ours.namespaces
 
 
+def unsettled(body: dict[str, Any]) -> bool:
+    """Status says pods are still coming, or failing: worth a look sooner than the calm resync."""
+    conditions = {c.get("type"): c for c in ((body.get("status") or {}).get("conditions") or [])}
+    if not conditions:
+        return False  # not reconciled yet: the create handler runs anyway
+    ready, progressing, degraded = (conditions.get(t) or {} for t in ("Ready", "Progressing", "Degraded"))
+    if degraded.get("reason") == "InvalidSpec":
+        return False  # nothing to watch until the spec changes
+    return ready.get("status") != "True" or progressing.get("status") == "True" or degraded.get("status") == "True"
+
+
 def _check(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
     if outcome.invalid and outcome.events:  # once per change, not on every resync
         logger.warning("spec is invalid, children left unchanged: %s", outcome.invalid)
@@ -81,6 +92,18 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
     # Drift: a child deleted or edited by hand, readiness that changed, a launcher that reported.
     @kopf.timer(*resource, registry=registry, interval=ours.resync_interval_s, initial_delay=ours.resync_interval_s)
     async def resync(*, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
+        await run(namespace, name, logger)
+
+    # While it is not settled (not Ready, progressing or degraded), look every few seconds: pod
+    # failures change no object the operator watches, so only a check reads them in time.
+    @kopf.timer(
+        *resource,
+        registry=registry,
+        interval=ours.rollout_check_interval_s,
+        initial_delay=ours.rollout_check_interval_s,
+        when=lambda body, **_: unsettled(dict(body)),
+    )
+    async def rollout_check(*, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
         await run(namespace, name, logger)
 
     # The autoscaler writes status.desiredReplicas; status is not in kopf's diff, so watch events.

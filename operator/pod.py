@@ -195,6 +195,10 @@ def render_pod_template(name: str, spec: InferenceDeploymentSpec, settings: Oper
         "readinessProbe": _probe(settings, 5, 2),
         "livenessProbe": _probe(settings, period, settings.liveness_failure_threshold),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(settings.prestop_delay_s)]}}},
+        # The launcher writes why it failed to /dev/termination-log; without it, the log's tail is
+        # the message. Either reaches the pod status, and from there the Degraded condition.
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,

@@ -22,6 +22,7 @@ from .coldstart import ColdStartProbe
 from .conditions import DeploymentObservation, Observed, plan_status
 from .drift import first_difference
 from .kube import KubeClient, KubeError, NotFound, Ref, Rejected
+from .pod_health import PodDiagnosis, diagnose_pods
 from .render import (
     CHILD_KINDS,
     DEPLOYMENT,
@@ -186,6 +187,7 @@ class Reconciler:
             self._applied_replicas[(namespace, name)] = decision.replicas
 
         measured = await self._measure_cold_start(namespace, name, deployment_live)
+        pods = await self._diagnose_pods(namespace, name, deployment_live, decision.replicas)
         observed = Observed(
             generation=generation,
             desired_replicas=decision.replicas,
@@ -197,9 +199,26 @@ class Reconciler:
             endpoint=self._settings.router_endpoint,
             selector=names.selector_string(name),
             measured_cold_start_s=measured,
+            pods=pods,
         )
         await self._write_status(body, observed, live_status, outcome)
         return outcome
+
+    async def _diagnose_pods(
+        self, namespace: str, name: str, deployment: dict[str, Any] | None, desired: int
+    ) -> PodDiagnosis | None:
+        """Read the engine pods only while some wanted replica is not ready (a converged deployment
+        costs no extra request)."""
+        if deployment is None or desired == 0:
+            return None
+        if int((deployment.get("status") or {}).get("readyReplicas") or 0) >= desired:
+            return None
+        try:
+            pods = await self._client.list(PODS, namespace, names.selector_string(name))
+        except KubeError as e:
+            log.info("cannot list engine pods of %s/%s to say why they are not ready: %s", namespace, name, e)
+            return None
+        return diagnose_pods(pods)
 
     async def _measure_cold_start(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> float | None:
         if self._coldstart is None or self._settings.coldstart_pods_per_tick == 0 or deployment is None:

@@ -81,6 +81,13 @@ class OperatorSettings(BaseModel):
     resync_interval_s: float = Field(
         default=30.0, ge=0.2, le=3600, description="Timer that restores drifted children and refreshes status."
     )
+    rollout_check_interval_s: float = Field(
+        default=5.0,
+        ge=0.2,
+        le=3600,
+        description="While a deployment is not Ready or still progressing, how often its pods are read, so a "
+        "crash loop, an image that cannot be pulled or an unschedulable pod reaches status within seconds.",
+    )
     api_timeout_s: float = Field(default=30.0, gt=0, le=600, description="Timeout of one API request.")
     retry_delay_s: float = Field(default=10.0, gt=0, le=600, description="Delay before kopf retries a failed apply.")
     max_retries: int = Field(default=20, ge=0, le=1000, description="kopf retries of one change before giving up.")

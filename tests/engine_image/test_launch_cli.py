@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,9 @@ def run_launch(tmp_path: Path, doc: object) -> subprocess.CompletedProcess[str]:
     spec.write_text(json.dumps(doc))
     args = ["--spec", str(spec), "--node-cache-dir", str(tmp_path / "cache"), "--metrics-host", "127.0.0.1"]
     args += ["--metrics-port", str(pick_free_port()), "--engine-port", str(pick_free_port())]
-    return subprocess.run([*LAUNCH, *args], capture_output=True, text=True, timeout=60)
+    # Where the kubelet would read the termination message (/dev/termination-log in a pod).
+    env = {**os.environ, "KVFLEET_TERMINATION_LOG": str(tmp_path / "termination-log")}
+    return subprocess.run([*LAUNCH, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def failure_lines(stderr: str) -> list[str]:
@@ -43,6 +46,8 @@ def test_missing_weights_exit_3_naming_the_pull_phase(tmp_path: Path) -> None:
     assert failure_lines(result.stderr) == [
         f"kvfleet launcher failed in phase pull: no model at {model} (config.json is missing)"
     ]
+    # The same line is the container's termination message, which the operator surfaces.
+    assert (tmp_path / "termination-log").read_text() == failure_lines(result.stderr)[0]
 
 
 def test_missing_spec_file(tmp_path: Path) -> None:

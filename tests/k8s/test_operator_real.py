@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -344,3 +345,72 @@ def test_two_operators_only_the_leader_acts_and_the_other_takes_over(
     kubectl("patch", "infd", "ha", "-n", namespace, "--type=merge", "-p", '{"spec":{"engine":{"maxModelLen":1024}}}')
     wait_for(lambda: endpoint() == "http://low/v1", 120, "the low-priority operator to take over")
     wait_for(lambda: "applied" in low.log(), 30, "the survivor to apply the change")
+
+
+def degraded(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
+    found = condition(infd(kubectl, namespace, name), "Degraded")
+    return found if found and found["status"] == "True" else None
+
+
+def test_unschedulable_gpu_pods_reach_status_within_seconds(
+    kubectl: Kubectl, start_operator: StartOperator, namespace: str
+) -> None:
+    """The real scheduler refuses a GPU product no node has; the Degraded condition says so at once
+    (the Deployment's progress deadline would say only "timed out", 10 minutes later)."""
+    start_operator("--rollout-check-interval-s", "1")
+    doc = example(REPO / "examples" / "llama-3.1-8b-h100.yaml", namespace)
+    doc["spec"]["resources"]["gpuProduct"] = "NVIDIA-B200"
+    doc["spec"]["scheduling"].pop("priorityClassName", None)
+    doc["spec"]["autoscaling"]["minReplicas"] = 1
+    doc["spec"]["autoscaling"].pop("scaleToZeroAfterSeconds", None)
+    kubectl.apply(doc, "--server-side", "--field-manager=alice")
+    t0 = time.monotonic()
+    found = wait_for(lambda: degraded(kubectl, namespace, doc["metadata"]["name"]), 30, "Degraded")
+    assert found["reason"] == "Unschedulable", found
+    assert "didn't match Pod's node affinity/selector" in found["message"], found["message"]
+    assert time.monotonic() - t0 < 30
+    events = kubectl("get", "events", "-n", namespace, "--field-selector", "reason=Unschedulable")
+    assert doc["metadata"]["name"] in events
+
+
+def test_crash_loop_with_the_launchers_message_reaches_status(
+    kubectl: Kubectl, start_operator: StartOperator, namespace: str
+) -> None:
+    """kwok runs no container, so the test writes the pod status the kubelet writes for a launcher
+    that exits 3 (its termination message, as terminationMessagePolicy FallbackToLogsOnError keeps it)."""
+    start_operator("--rollout-check-interval-s", "1")
+    kubectl.apply(tiny_spec(namespace, name="crashy", minReplicas=1), "--server-side", "--field-manager=alice")
+    pod = wait_for(lambda: (pods(kubectl, namespace, "crashy") or [None])[0], 30, "a pod")
+    template = kubectl.json("get", "deployment", "crashy-engine", "-n", namespace)["spec"]["template"]
+    assert template["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    message = "kvfleet launcher failed in phase pull: sha256 mismatch for model.safetensors"
+    status = {
+        "status": {
+            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+            "containerStatuses": [
+                {
+                    "name": "engine",
+                    "image": "x",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 4,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 1m20s"}},
+                    "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "message": message}},
+                }
+            ],
+        }
+    }
+    kubectl(
+        "patch",
+        "pod",
+        pod["metadata"]["name"],
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=strategic",
+        "-p",
+        json.dumps(status),
+    )
+    found = wait_for(lambda: degraded(kubectl, namespace, "crashy"), 20, "Degraded")
+    assert found["reason"] == "CrashLoopBackOff"
+    assert message in found["message"] and "exit code 3" in found["message"]
