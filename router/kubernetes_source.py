@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,7 +39,17 @@ ObjectKey = tuple[str, str]  # (namespace, name)
 
 
 class KubeApiError(Exception):
-    """The API server could not be reached or refused a list or watch."""
+    """The API server could not be reached or refused a list or watch; ``status`` is the HTTP status
+    (None when no answer came)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        """No answer, 429 (load shedding, storage initializing) or 5xx; a 401/403/404 will not heal."""
+        return self.status is None or self.status == 429 or self.status >= 500
 
 
 @dataclass(frozen=True)
@@ -223,8 +234,10 @@ class KubernetesReplicaSource:
         watch_timeout_s: int = 300,
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        start_attempts: int = 8,
     ) -> None:
         self._api = api
+        self._start_attempts = max(1, start_attempts)
         self._namespace = namespace
         self._request_timeout_s = request_timeout_s
         self._watch_timeout_s = watch_timeout_s
@@ -254,7 +267,7 @@ class KubernetesReplicaSource:
         self._session = aiohttp.ClientSession(base_url=self._api.server, read_bufsize=2**21)
         versions = {}
         for kind in ("deployments", "slices"):
-            versions[kind] = await self._list(kind)
+            versions[kind] = await self._first_list(kind)
         self._publish()
         for kind in ("deployments", "slices"):
             self._tasks.append(asyncio.get_running_loop().create_task(self._watch_forever(kind, versions[kind])))
@@ -290,7 +303,8 @@ class KubernetesReplicaSource:
                 timeout=aiohttp.ClientTimeout(total=self._request_timeout_s),
             ) as resp:
                 if resp.status != 200:
-                    raise KubeApiError(f"list {self._path(kind)}: HTTP {resp.status}: {(await resp.text())[:200]}")
+                    text = (await resp.text())[:200]
+                    raise KubeApiError(f"list {self._path(kind)}: HTTP {resp.status}: {text}", resp.status)
                 body = await resp.json()
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
             raise KubeApiError(f"list {self._path(kind)}: {e!r}") from e
@@ -300,6 +314,25 @@ class KubernetesReplicaSource:
             if self._wanted(kind, item):
                 store[_key(item)] = item
         return str(_meta(body).get("resourceVersion", ""))
+
+    async def _first_list(self, kind: str) -> str:
+        """The start-up list, retried: a 429 ("storage is (re)initializing" right after a CRD is
+        created, or API priority and fairness shedding load) or a restarting API server must not
+        kill the router. Bounded by ``start_attempts``; jittered so a fleet of routers spreads out."""
+        backoff_s = self._backoff_base_s
+        for attempt in range(1, self._start_attempts + 1):
+            try:
+                return await self._list(kind)
+            except KubeApiError as e:
+                if attempt == self._start_attempts or not e.retryable:
+                    raise
+                wait_s = random.uniform(backoff_s / 2, backoff_s)  # noqa: S311 (jitter, not secrets)
+                log.warning(
+                    "list %s (attempt %d/%d): %s; again in %.1fs", kind, attempt, self._start_attempts, e, wait_s
+                )
+                await asyncio.sleep(wait_s)
+                backoff_s = min(self._backoff_max_s, backoff_s * 2)
+        raise AssertionError("unreachable")
 
     def _wanted(self, kind: str, obj: Mapping[str, Any]) -> bool:
         # The API server filters by label already; checking again keeps emulators and proxies honest.

@@ -253,11 +253,22 @@ def lifecycle(
             60,
             "woken to one Ready replica",
         )
+        # The router found the replica through the real EndpointSlice (named by its pod).
+        pod = kubectl.json("get", "pods", "-n", namespace, "-l", "kvfleet.io/deployment=life")["items"][0]
+        replica = f'kvfleet_router_inflight{{model="tiny",replica="{pod["metadata"]["name"]}"}}'
+        wait_for(lambda: replica in _metrics(router_port), 30, f"the router to know {replica}")
         kubectl("delete", "infd", "life", "-n", namespace, "--timeout=60s")
         time.sleep(3)  # the router and autoscaler see the deletion
     finally:
         for p in procs:
             p.stop()
+
+
+def _metrics(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
 
 
 def _ready(port: int) -> bool:

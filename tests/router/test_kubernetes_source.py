@@ -141,10 +141,46 @@ async def test_served_from_zero_replicas_then_a_new_deployment_appears(k8s_url: 
 
 
 async def test_unreachable_api_server_fails_start_with_a_reason(free_port: int) -> None:
-    source = KubernetesReplicaSource(KubeApi(server=f"http://127.0.0.1:{free_port}"), request_timeout_s=2)
+    source = KubernetesReplicaSource(
+        KubeApi(server=f"http://127.0.0.1:{free_port}"), request_timeout_s=2, start_attempts=2, backoff_base_s=0.05
+    )
     with pytest.raises(Exception, match=r"list /apis/kvfleet\.io"):
         await source.start(Recorder())
     await source.stop()
+
+
+@pytest.mark.parametrize(("status", "attempts"), [(429, 2), (503, 2), (403, 1)])
+async def test_start_retries_only_what_can_heal(free_port: int, status: int, attempts: int) -> None:
+    """A 429 ("storage is (re)initializing" right after a CRD is created, seen on a real API server)
+    or a 5xx is retried with jittered backoff; a 403 fails at once with its reason."""
+    from aiohttp import web
+
+    calls: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        if len(calls) == 1:
+            return web.json_response({"kind": "Status", "code": status}, status=status, headers={"Retry-After": "1"})
+        return web.json_response({"kind": "List", "metadata": {"resourceVersion": "1"}, "items": []})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", free_port).start()
+    source = KubernetesReplicaSource(
+        KubeApi(server=f"http://127.0.0.1:{free_port}"), start_attempts=3, backoff_base_s=0.05, watch_timeout_s=1
+    )
+    try:
+        if attempts == 1:
+            with pytest.raises(Exception, match=f"HTTP {status}"):
+                await source.start(Recorder())
+        else:
+            await source.start(Recorder())
+        assert calls[:attempts] == ["/apis/kvfleet.io/v1alpha1/inferencedeployments"] * attempts
+    finally:
+        await source.stop()
+        await runner.cleanup()
 
 
 def test_snapshot_rules_by_hand() -> None:
