@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.real_cluster import Kubectl, OperatorProcess, wait_for
+from support.real_cluster import ComponentProcess, Kubectl, operator_process, wait_for
 
 from kvfleet.devcluster.binaries import ensure_binaries
 from kvfleet.devcluster.controlplane import ClusterSettings, ControlPlane, ControlPlaneError
@@ -78,11 +78,11 @@ def namespace(kubectl: Kubectl) -> Iterator[str]:
 @pytest.fixture
 def start_operator(
     control_plane: ControlPlane, crd_installed: None, tmp_path: Path
-) -> Iterator[Callable[..., OperatorProcess]]:
-    started: list[OperatorProcess] = []
+) -> Iterator[Callable[..., ComponentProcess]]:
+    started: list[ComponentProcess] = []
 
-    def start(*extra: str, kubeconfig: Path | None = None, name: str = "operator") -> OperatorProcess:
-        proc = OperatorProcess(kubeconfig or control_plane.kubeconfig, tmp_path / f"{name}.log", *extra).start()
+    def start(*extra: str, kubeconfig: Path | None = None, name: str = "operator") -> ComponentProcess:
+        proc = operator_process(kubeconfig or control_plane.kubeconfig, tmp_path / f"{name}.log", *extra).start()
         started.append(proc)
         return proc
 

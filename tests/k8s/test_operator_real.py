@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.real_cluster import Kubectl, OperatorProcess, condition, wait_for
+from support.real_cluster import ComponentProcess, Kubectl, condition, wait_for
 
 from kvfleet.autoscaler.actuators import KubernetesActuator, ScaleCommand
 from kvfleet.autoscaler.kube_api import KubeApi, load_connection
@@ -29,7 +29,7 @@ from kvfleet.operator.settings import FIELD_MANAGER
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 CHILD_KINDS = ("deployment", "service", "configmap", "poddisruptionbudget")
-StartOperator = Callable[..., OperatorProcess]
+StartOperator = Callable[..., ComponentProcess]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.real_cluster import BIN, Kubectl, audit_entries, condition, wait_for
+from support.real_cluster import BIN, ComponentProcess, Kubectl, audit_entries, condition, wait_for
 
 from kvfleet.devcluster.controlplane import ControlPlane, free_port, kubeconfig_document
 
@@ -81,26 +81,6 @@ def can(kubectl: Kubectl, user: str, op: Op) -> bool:
     }
     out = kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(review))
     return bool(json.loads(out)["status"].get("allowed"))
-
-
-class Proc:
-    def __init__(self, argv: list[str], kubeconfig: Path, log: Path) -> None:
-        self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(kubeconfig)}
-            )
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def token_kubeconfig(kubectl: Kubectl, control_plane: ControlPlane, sa: str, folder: Path) -> Path:
@@ -178,12 +158,12 @@ def lifecycle(
     autoscaler_port, router_port = free_port(), free_port()
     bin_kvfleet = str(BIN / "kvfleet")
     procs = [
-        Proc(
+        ComponentProcess(
             [bin_kvfleet, "operator", "run", "--resync-interval-s", "2", *scope_args],
             kc["kvfleet-operator"],
             folder / "operator.log",
         ),
-        Proc(
+        ComponentProcess(
             [
                 bin_kvfleet,
                 "autoscaler",
@@ -208,7 +188,7 @@ def lifecycle(
             kc["kvfleet-autoscaler"],
             folder / "autoscaler.log",
         ),
-        Proc(
+        ComponentProcess(
             [
                 bin_kvfleet,
                 "router",
@@ -226,6 +206,8 @@ def lifecycle(
             folder / "router.log",
         ),
     ]
+    for proc in procs:
+        proc.start()
     try:
         doc = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
         doc["metadata"] = {"name": "life", "namespace": namespace}

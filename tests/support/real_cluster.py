@@ -70,16 +70,17 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str, interval_s: 
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
 
 
-class OperatorProcess:
-    """``kvfleet operator run`` as a process of its own (so a test can kill -9 it)."""
+class ComponentProcess:
+    """A kvfleet command (operator, router, autoscaler) as a process of its own, so a test can
+    kill -9 it, with its credentials from ``kubeconfig`` and its output in ``log_path``."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, *extra: str) -> None:
+    def __init__(self, argv: list[str], kubeconfig: Path, log_path: Path) -> None:
         self.log_path = log_path
-        self.argv = [str(BIN / "kvfleet"), "operator", "run", "--resync-interval-s", "3", *extra]
+        self.argv = argv
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> OperatorProcess:
+    def start(self) -> ComponentProcess:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env)
         return self
@@ -100,6 +101,11 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def operator_process(kubeconfig: Path, log_path: Path, *extra: str) -> ComponentProcess:
+    argv = [str(BIN / "kvfleet"), "operator", "run", "--resync-interval-s", "3", *extra]
+    return ComponentProcess(argv, kubeconfig, log_path)
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
