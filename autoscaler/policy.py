@@ -210,6 +210,11 @@ def _stale_problem(obs: Observation, current: int, now_s: float, settings: Polic
     for name, value in values.items():
         if value is not None and (not math.isfinite(value) or value < 0):
             return f"{name} is {value!r}"
+    for name in ("kv_cache_utilization", "gpu_utilization"):
+        value = values[name]
+        if value is not None and value > 1:
+            # A fraction is expected; a percent-scaled exporter would otherwise mean max replicas at once.
+            return f"{name} is {value!r}, outside [0, 1] (a percent-scaled metric?)"
     if obs.ready_replicas > 0 and obs.engine_concurrency is None and obs.router_in_flight is None:
         return f"no concurrency metrics while {obs.ready_replicas} replicas are ready"
     if current > 0 and obs.ready_replicas == 0 and obs.queue_depth is None and obs.arrival_rate_rps is None:

@@ -12,6 +12,7 @@ remembered by pod uid in a bounded LRU so a resync does not ask again.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections import OrderedDict
@@ -57,6 +58,9 @@ def parse_coldstart(doc: Any) -> float | None:
     return float(value)
 
 
+MAX_COLDSTART_BYTES = 4096  # the launcher's answer is a few hundred bytes of JSON
+
+
 class ColdStartProbe:
     """Asks launchers for their cold-start figure; remembers answers by pod uid (bounded)."""
 
@@ -72,7 +76,12 @@ class ColdStartProbe:
             async with session.get(f"http://{host}:{self._port}/coldstart") as response:
                 if response.status != 200:
                     return None
-                return parse_coldstart(await response.json(content_type=None))
+                # A pod is a tenant's: read a bounded body, never what it chooses to send.
+                body = await response.content.read(MAX_COLDSTART_BYTES + 1)
+                if len(body) > MAX_COLDSTART_BYTES:
+                    log.info("launcher of pod %s sent a /coldstart body over %d bytes", pod.uid, MAX_COLDSTART_BYTES)
+                    return None
+                return parse_coldstart(json.loads(body))
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             log.debug("launcher of pod %s did not answer /coldstart: %s", pod.uid, e)
             return None

@@ -333,6 +333,8 @@ def test_wake_works_even_when_metrics_are_stale() -> None:
         (obs(1000, load=math.nan, ready=3), "engine_concurrency is nan"),
         (obs(1000, ready=0, engine_concurrency=None, queue_depth=None, arrival_rate_rps=None), "no router metrics"),
         (obs(1000, ready=3, queue_depth=-1.0), "queue_depth is -1.0"),
+        (obs(1000, ready=3, kv_cache_utilization=57.0), "kv_cache_utilization is 57.0, outside [0, 1]"),
+        (obs(1000, ready=3, gpu_utilization=1.5), "gpu_utilization is 1.5, outside [0, 1]"),
     ],
 )
 def test_stale_or_missing_metrics_hold(observation: Observation, problem: str) -> None:
