@@ -250,13 +250,16 @@ class _Round:
         return str(head["ETag"])
 
     def _open(self, entry: ManifestFile, final: Path, etag: str) -> _FileState:
-        partial = self.work / f"{entry.sha256}.part"
+        # One partial file per destination path: byte-identical files (same sha256) are downloaded
+        # side by side, and a shared partial would be renamed away under the second one.
+        stem = f"{entry.sha256}-{hashlib.sha256(entry.path.encode()).hexdigest()[:16]}"
+        partial = self.work / f"{stem}.part"
         header: dict[str, object] = {
             "sizeBytes": entry.size_bytes,
             "partSizeBytes": self.settings.part_size_bytes,
             "etag": etag,
         }
-        journal = _Journal(self.work / f"{entry.sha256}.journal", header)
+        journal = _Journal(self.work / f"{stem}.journal", header)
         if not journal.done and partial.exists():
             partial.unlink()
         fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)

@@ -264,3 +264,18 @@ def test_dropped_connections_are_retried_then_fail_naming_the_file(
     with pytest.raises(TransferError, match=r"failed after 3 attempts") as info:
         pull_to_dir(client, S3Uri.parse(uri), tmp_path / "bad", one_at_a_time, fetched=manifest)
     assert info.value.path in SMALL_MODEL
+
+
+def test_byte_identical_files_are_each_pulled(s3: S3Client, bucket: str, tmp_path: Path) -> None:
+    """Two files with the same content (a tokenizer copied under two names, a tied-weight shard)
+    shared one partial file: the first rename took it and the second raised FileNotFoundError."""
+    src = tmp_path / "src"
+    src.mkdir()
+    same = bytes(range(256)) * 9000  # 2.2 MiB: several ranged parts each
+    (src / "config.json").write_text('{"model_type": "llama"}')
+    (src / "a.safetensors").write_bytes(same)
+    (src / "b.safetensors").write_bytes(same)
+    uri = f"s3://{bucket}/twins"
+    populate(s3, src, uri, TEST_POPULATE)
+    pull_to_dir(s3, S3Uri.parse(uri), tmp_path / "dest", TEST_PULL)
+    assert tree_bytes(tmp_path / "dest") == tree_bytes(src)
