@@ -1,8 +1,9 @@
 """Pull a model from S3 into a directory: parallel ranged GETs across and within files, sha256
 computed in file order as parts arrive, temp file + fsync + atomic rename, resumable.
 
-Layout while pulling: ``DEST/.kvfleet-partial/<sha256>.part`` holds a file's bytes at their final
-offsets and ``<sha256>.journal`` lists the parts already written (header: size, part size, ETag).
+Layout while pulling: ``DEST/.kvfleet-partial/<sha256>-<path hash>.part`` holds a file's bytes at
+their final offsets and ``<sha256>-<path hash>.journal`` lists the parts already written (header:
+size, part size, ETag); the path hash keeps byte-identical files of one model apart.
 A later pull of the same file resumes from the journal; a changed object (new ETag) or part size
 starts over. A finished file is renamed into place only after its sha256 matched the manifest.
 """
