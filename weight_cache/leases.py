@@ -1,14 +1,19 @@
-"""Lease files: a process says "I use this model" by a file naming its pid and start time. A lease
-whose process is gone (or whose pid was reused by another process) does not count.
+"""Lease files: a process says "I use this model" by holding a lock on a lease file of its own.
 
-The engine launcher pulls, then execs the engine: exec keeps the pid and the start time, so the
-launcher's lease keeps protecting the model for as long as the engine runs.
+The lock is ``flock`` on the file itself, so it means the same thing to every process that sees the
+file: across pods on one node (the node cache is a hostPath shared by several pods, each with its
+own PID namespace) a pid means nothing, but a lock held on the same inode does. A lease is live
+while its holder's open file description exists: the holder may crash, be OOM-killed or exec
+(the descriptor is inherited), and the kernel releases the lock when the last copy closes.
+The file also names the holder (pid in its own namespace, hostname) for people reading the folder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,49 +21,53 @@ from pathlib import Path
 LEASE_SUFFIX = ".lease"
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), or None where unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 2 (comm) may contain spaces and parentheses; fields after the last ')' are fixed.
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie has exited; it only waits to be reaped
-        return -1
-    return int(fields[19])
-
-
-def is_alive(pid: int, start_ticks: int | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    now = process_start_ticks(pid)
-    if now == -1:
-        return False
-    return start_ticks is None or now is None or now == start_ticks
-
-
 @dataclass
 class Lease:
     path: Path
     digest: str
+    fd: int = -1  # the locked descriptor; closing it (or the process ending) ends the lease
 
     def release(self) -> None:
         self.path.unlink(missing_ok=True)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
-def create_lease(directory: Path, digest: str, pid: int | None = None) -> Lease:
-    pid = os.getpid() if pid is None else pid
+def create_lease(directory: Path, digest: str, *, inheritable: bool = True) -> Lease:
+    """A new lease, locked by this process (and by whatever it execs, when ``inheritable``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{pid}-{uuid.uuid4().hex[:12]}{LEASE_SUFFIX}"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": pid, "startTicks": process_start_ticks(pid)}))
-    os.replace(tmp, path)
-    return Lease(path=path, digest=digest)
+    name = uuid.uuid4().hex
+    path = directory / f"{name}{LEASE_SUFFIX}"
+    # Locked under a name no reader looks at, then renamed into place (the lock follows the inode):
+    # a reader never sees the lease unlocked and takes it for a dead one.
+    staging = directory / f"{name}.locking"
+    fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh file nobody else has opened: never blocks
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+        os.set_inheritable(fd, inheritable)
+        os.replace(staging, path)
+    except BaseException:
+        os.close(fd)
+        staging.unlink(missing_ok=True)
+        raise
+    return Lease(path=path, digest=digest, fd=fd)
+
+
+def is_held(path: Path) -> bool:
+    """Someone holds the lease's lock (this process too, through another descriptor)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's own lock, if it got one
+    return False
 
 
 def live_leases(directory: Path, *, remove_dead: bool) -> list[Path]:
@@ -67,12 +76,7 @@ def live_leases(directory: Path, *, remove_dead: bool) -> list[Path]:
         return []
     alive: list[Path] = []
     for path in sorted(directory.glob(f"*{LEASE_SUFFIX}")):
-        try:
-            data = json.loads(path.read_text())
-            live = is_alive(int(data["pid"]), data.get("startTicks"))
-        except (OSError, ValueError, KeyError, TypeError):
-            live = False  # unreadable or torn: its writer died mid-write
-        if live:
+        if is_held(path):
             alive.append(path)
         elif remove_dead:
             path.unlink(missing_ok=True)

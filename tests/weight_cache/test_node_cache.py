@@ -26,7 +26,7 @@ from kvfleet.weight_cache import (
     populate,
     pull_model,
 )
-from kvfleet.weight_cache.leases import create_lease, live_leases
+from kvfleet.weight_cache.leases import live_leases
 from kvfleet.weight_cache.node_cache import NodeCache
 from kvfleet.weight_cache.s3 import S3Client
 from tests.conftest import pick_free_port
@@ -132,9 +132,11 @@ def test_lease_of_a_dead_process_does_not_pin_a_model(s3: S3Client, bucket: str,
     settings = NodeCacheSettings(size_limit_bytes=MiB + 200)
     a = pull_model(uris["a"], root, PULL, node_cache_settings=settings, client=s3)
     a.release()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    create_lease(root / "leases" / a.digest, a.digest, pid=dead.pid)
+    # A process that took a lease and died without releasing it (its lock died with it).
+    take = "import sys; from pathlib import Path; from kvfleet.weight_cache.leases import create_lease; "
+    take += "create_lease(Path(sys.argv[1]), sys.argv[2])"
+    subprocess.run([sys.executable, "-c", take, str(root / "leases" / a.digest), a.digest], check=True)
+    assert len(list((root / "leases" / a.digest).glob("*.lease"))) == 1
     b = pull_model(uris["b"], root, PULL, node_cache_settings=settings, client=s3)
     assert not a.path.exists() and b.path.is_dir()
     b.release()
@@ -162,3 +164,46 @@ def test_hit_checks_sizes_repairs_and_survives_s3_outage(s3: S3Client, bucket: s
     with pull_model(uri, root, PULL, client=down, expected_digest=first.digest) as offline:
         assert offline.hit and offline.path == first.path
     assert time.monotonic() - started < 30
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from kvfleet.weight_cache.leases import create_lease
+create_lease(Path(sys.argv[1]), "d")
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_lease_held_in_another_pid_namespace_counts(tmp_path: Path) -> None:
+    """Pods on one node share the node cache but not their PID namespace: a pid in a lease meant
+    nothing across them, and a live lease was deleted as dead. The lock holds across namespaces."""
+    import shutil
+
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode != 0
+    ):
+        pytest.skip("unshare --pid is not permitted here (needs CAP_SYS_ADMIN)")
+    leases = tmp_path / "leases"
+    holder = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", HOLD, str(leases)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        (lease,) = leases.glob("*.lease")
+        assert json.loads(lease.read_text())["pid"] == 1  # pid 1 of its own namespace, not ours
+        assert live_leases(leases, remove_dead=True) == [lease]
+        assert lease.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder (killed with its namespace a moment after unshare) is gone, and its lock with it.
+    deadline = time.monotonic() + 10
+    while live_leases(leases, remove_dead=True) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_leases(leases, remove_dead=True) == []
+    assert not lease.exists()
