@@ -29,6 +29,11 @@ def autoscaler() -> None:
 @click.option("--listen-host", default="0.0.0.0", show_default=True)
 @click.option("--listen-port", type=int, default=8080, show_default=True)
 @click.option(
+    "--wake-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File with the token POST /v1/wake must carry (Authorization: Bearer); the routers send it.",
+)
+@click.option(
     "--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig (default: in-cluster, then $KUBECONFIG)."
 )
 @click.option("--context", help="kubeconfig context.")

@@ -19,7 +19,7 @@ from kvfleet.autoscaler.scrape_source import ScrapeSource, ScrapeSourceSettings
 from kvfleet.autoscaler.server import build_app, start_server
 from kvfleet.autoscaler.settings import AutoscalerSettings
 from kvfleet.autoscaler.sources import MetricSource, Target
-from kvfleet.autoscaler.wake import WakeInbox
+from kvfleet.autoscaler.wake import WakeInbox, WakeToken
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,13 @@ async def run_autoscaler(
         ),
         leadership=elector,
     )
-    runner, port = await start_server(build_app(inbox, metrics), settings.listen_host, settings.listen_port)
+    token = WakeToken(settings.wake_token_file) if settings.wake_token_file else None
+    if token is None and settings.mode == "kubernetes":
+        log.warning("POST /v1/wake takes no token (--wake-token-file unset): anyone who reaches it can wake GPUs")
+    elif token is not None:
+        token.read()  # fail at start, not at the first wake, when the Secret is missing or empty
+    app = build_app(inbox, metrics, token)
+    runner, port = await start_server(app, settings.listen_host, settings.listen_port)
     log.info("autoscaler (%s mode) serving wake/metrics on %s:%d", settings.mode, settings.listen_host, port)
     if ready is not None and not ready.done():
         ready.set_result(port)

@@ -6,10 +6,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvfleet.autoscaler.metrics import AutoscalerMetrics
-from kvfleet.autoscaler.wake import WakeInbox, wake_handler
+from kvfleet.autoscaler.wake import WakeInbox, WakeToken, wake_handler
 
 
-def build_app(inbox: WakeInbox, metrics: AutoscalerMetrics) -> web.Application:
+def build_app(inbox: WakeInbox, metrics: AutoscalerMetrics, wake_token: WakeToken | None = None) -> web.Application:
     async def metrics_handler(_: web.Request) -> web.Response:
         # The text format always: names keep their colons and underscores as written.
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -18,7 +18,7 @@ def build_app(inbox: WakeInbox, metrics: AutoscalerMetrics) -> web.Application:
         return web.json_response({"ok": True})
 
     app = web.Application(client_max_size=64 * 1024)
-    app.router.add_post("/v1/wake", wake_handler(inbox))
+    app.router.add_post("/v1/wake", wake_handler(inbox, wake_token))
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", health)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -41,6 +42,10 @@ class AutoscalerSettings(BaseModel):
     )
     listen_host: str = Field(default="0.0.0.0", description="Address of the wake / metrics / health endpoint.")
     listen_port: int = Field(default=8080, ge=0, le=65535, description="Its port (0 picks a free one).")
+    wake_token_file: Path | None = Field(
+        default=None,
+        description="File holding the token a POST /v1/wake must carry (the routers send it); unset: no check.",
+    )
     kubeconfig: str | None = Field(default=None, description="kubeconfig file; default: in-cluster, then $KUBECONFIG.")
     context: str | None = Field(default=None, description="kubeconfig context.")
     leader_election: bool = Field(default=True, description="Act only while holding the Lease.")

@@ -1,7 +1,9 @@
 """Wake-ups: the router says a deployment has requests waiting and no replica.
 
 ``WakeInbox.request`` is the in-process wake (the router's ``InProcessWakeSignal`` calls it);
-``POST /v1/wake`` with ``{"namespace": ..., "name": ...}`` is the HTTP one (answered 202). Either
+``POST /v1/wake`` with ``{"namespace": ..., "name": ...}`` is the HTTP one (answered 202). With a
+token file (the chart mounts one Secret into the routers and the autoscaler), the HTTP wake needs
+``Authorization: Bearer <token>``: a wake starts GPUs, so only the routers may send one. Either
 sets an event the control loop waits on, so the decision happens at once rather than at the
 next tick or the next scrape.
 """
@@ -9,9 +11,11 @@ next tick or the next scrape.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import re
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import web
 
@@ -45,12 +49,37 @@ class WakeInbox:
         return pending
 
 
+MAX_TOKEN_BYTES = 4096
+
+
+class WakeToken:
+    """The shared wake token, read from a file on every check (a rotated Secret takes effect without
+    a restart) and never logged."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> bytes:
+        with open(self.path, "rb") as f:
+            token = f.read(MAX_TOKEN_BYTES + 1).strip()
+        if not token or len(token) > MAX_TOKEN_BYTES:
+            raise ValueError(f"wake token file {self.path} is empty or over {MAX_TOKEN_BYTES} bytes")
+        return token
+
+    def accepts(self, authorization: str | None) -> bool:
+        if not authorization or not authorization.startswith("Bearer "):
+            return False
+        return hmac.compare_digest(authorization[len("Bearer ") :].strip().encode(), self.read())
+
+
 def _bad(reason: str, status: int = 400) -> web.Response:
     return web.json_response({"error": reason}, status=status)
 
 
-def wake_handler(inbox: WakeInbox) -> Callable[[web.Request], Awaitable[web.Response]]:
+def wake_handler(inbox: WakeInbox, token: WakeToken | None = None) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
+        if token is not None and not token.accepts(request.headers.get("Authorization")):
+            return _bad("a wake needs the router's token (Authorization: Bearer ...)", 401)
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             return _bad(f"body larger than {MAX_BODY_BYTES} bytes", 413)
         raw = await request.content.read(MAX_BODY_BYTES + 1)

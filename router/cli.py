@@ -81,6 +81,12 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
 @click.option("--kube-server", default=None, help="With --kubernetes: API server URL without auth (kubectl proxy).")
 @click.option("--kubeconfig", default=None, help="With --kubernetes: kubeconfig file instead of in-cluster config.")
 @click.option("--autoscaler-url", default=None, help="Autoscaler base URL for wake signals (POST /v1/wake).")
+@click.option(
+    "--wake-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File with the token the autoscaler's /v1/wake requires (sent as Authorization: Bearer).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(
     host: str | None,
@@ -93,6 +99,7 @@ def serve(
     kube_server: str | None,
     kubeconfig: str | None,
     autoscaler_url: str | None,
+    wake_token_file: Path | None,
     log_level: str,
 ) -> None:
     """Serve the OpenAI API and route each request to a replica of its model."""
@@ -115,7 +122,7 @@ def serve(
         source = parse_replicas(replicas, strategy)
     wake: WakeSignal = NoWakeSignal()
     if autoscaler_url:
-        wake = HttpWakeSignal(autoscaler_url, timeout_s=settings.wake_timeout_s)
+        wake = HttpWakeSignal(autoscaler_url, timeout_s=settings.wake_timeout_s, token_file=wake_token_file)
     sys.exit(run_event_loop(_serve(settings, source, wake)))
 
 

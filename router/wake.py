@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Protocol
 
 import aiohttp
@@ -49,8 +50,16 @@ class InProcessWakeSignal:
 class HttpWakeSignal:
     """``POST {base_url}/v1/wake`` with ``{"namespace", "name"}``; any 2xx (202 by contract) is success."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 5.0, session: aiohttp.ClientSession | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 5.0,
+        session: aiohttp.ClientSession | None = None,
+        token_file: Path | None = None,
+    ) -> None:
         self._url = base_url.rstrip("/") + "/v1/wake"
+        self._token_file = token_file  # read per wake: a rotated Secret takes effect at once
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session = session
         self._owns_session = session is None
@@ -59,14 +68,19 @@ class HttpWakeSignal:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         try:
+            headers = {}
+            if self._token_file is not None:
+                headers["Authorization"] = f"Bearer {self._token_file.read_text().strip()}"
             async with self._session.post(
-                self._url, json={"namespace": namespace, "name": name}, timeout=self._timeout
+                self._url, json={"namespace": namespace, "name": name}, timeout=self._timeout, headers=headers
             ) as resp:
                 if resp.status // 100 != 2:
                     text = (await resp.text())[:200]
                     raise WakeError(f"autoscaler answered {resp.status}: {text}")
         except (aiohttp.ClientError, TimeoutError) as e:
             raise WakeError(f"autoscaler unreachable at {self._url}: {e!r}") from e
+        except OSError as e:
+            raise WakeError(f"wake token unreadable: {e}") from e
 
     async def close(self) -> None:
         if self._owns_session and self._session is not None:

@@ -174,3 +174,26 @@ def test_lint_rejects_a_bad_values_file() -> None:
     report = helm_python.lint(str(CHART), values=bad)
     joined = "\n".join(report["errors"])
     assert "/router/replicas" in joined and "'maxUnavailable' not allowed" in joined
+
+
+def test_the_wake_token_reaches_the_routers_and_the_autoscaler_only(render_ci: Render) -> None:
+    """A wake starts GPUs: one generated Secret, mounted read-only into the router and autoscaler
+    pods (never the operator's or an engine's), and both are told where it is."""
+    import base64
+
+    rendered = render_ci(CHART / "ci" / "minimal-values.yaml")
+    (secret,) = [o for o in rendered if o["kind"] == "Secret"]
+    assert secret["metadata"]["name"].endswith("-wake-token")
+    assert len(base64.b64decode(secret["data"]["token"])) == 48
+    flag = "--wake-token-file=/var/run/kvfleet/wake/token"
+    for d in (o for o in rendered if o["kind"] == "Deployment"):
+        component = d["metadata"]["labels"]["app.kubernetes.io/component"]
+        pod = d["spec"]["template"]["spec"]
+        mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        if component in ("router", "autoscaler"):
+            assert flag in pod["containers"][0]["args"], component
+            assert mounts["wake-token"]["readOnly"] is True
+            assert volumes["wake-token"]["secret"]["secretName"] == secret["metadata"]["name"]
+        else:
+            assert "wake-token" not in volumes, component

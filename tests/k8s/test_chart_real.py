@@ -78,11 +78,15 @@ def test_chart_installs_upgrades_and_uninstalls(
             kubectl("create", "namespace", ns)
 
     rendered = helm("template", "kvfleet", str(CHART), "-n", release_namespace, "-f", str(values), "--include-crds")
-    kubectl("create", "namespace", release_namespace)
+    if kubectl.get("namespace", release_namespace) is None:
+        kubectl("create", "namespace", release_namespace)
     out = kubectl("apply", "--dry-run=server", "-f", "-", stdin=rendered)
     assert "(server dry run)" in out
     kubectl("delete", "namespace", release_namespace, "--wait=true", "--timeout=60s")
 
+    # The chart installs the CRD itself; one applied another way first (another test, or a user's
+    # `kubectl apply -f crds/`) needs --skip-crds, as the README says: Helm 4 will not take it over.
+    crd_there = kubectl.get("crd", "inferencedeployments.kvfleet.io") is not None
     helm(
         "install",
         "kvfleet",
@@ -92,10 +96,12 @@ def test_chart_installs_upgrades_and_uninstalls(
         "--create-namespace",
         "-f",
         str(values),
+        *(["--skip-crds"] if crd_there else []),
         "--wait",
         "--timeout",
         "120s",
     )
+    assert kubectl.get("crd", "inferencedeployments.kvfleet.io") is not None
     deployments = kubectl.json("get", "deployments", "-n", release_namespace)["items"]
     assert deployments, "the chart installed no Deployment"
     for d in deployments:

@@ -6,6 +6,7 @@ operation each rule allows that nothing else does, so every rule is proven neede
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -156,6 +157,10 @@ def lifecycle(
     # A Lease left by an earlier run would spare the autoscaler its create.
     kubectl("delete", "lease", "kvfleet-autoscaler", "-n", RELEASE_NS, "--ignore-not-found")
     autoscaler_port, router_port = free_port(), free_port()
+    # The wake token the chart generated, as its Secret volume would give it to both pods.
+    secret = kubectl.json("get", "secret", "kvfleet-wake-token", "-n", RELEASE_NS)
+    wake_token = folder / "wake-token"
+    wake_token.write_bytes(base64.b64decode(secret["data"]["token"]))
     bin_kvfleet = str(BIN / "kvfleet")
     procs = [
         ComponentProcess(
@@ -181,6 +186,8 @@ def lifecycle(
                 "test-autoscaler",
                 "--lease-namespace",
                 RELEASE_NS,
+                "--wake-token-file",
+                str(wake_token),
                 "--kubeconfig",
                 str(kc["kvfleet-autoscaler"]),
                 *(["--namespace", namespace] if scope_args else []),
@@ -200,6 +207,8 @@ def lifecycle(
                 str(router_port),
                 "--autoscaler-url",
                 f"http://127.0.0.1:{autoscaler_port}",
+                "--wake-token-file",
+                str(wake_token),
                 *(["--namespace", namespace] if scope_args else []),
             ],
             kc["kvfleet-router"],

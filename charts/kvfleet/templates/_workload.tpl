@@ -1,6 +1,7 @@
 {{/*
 One kvfleet component: its Deployment. Call with
-  (dict "root" $ "component" "router" "args" (list ...) "healthPath" "/health" "replicas" 2)
+  (dict "root" $ "component" "router" "args" (list ...) "healthPath" "/health" "replicas" 2 "wakeToken" true)
+"wakeToken" mounts the shared wake token (wake-token.yaml) at /var/run/kvfleet/wake/token.
 The three components differ only in command, port, probes and replica policy, so they share this.
 */}}
 {{- define "kvfleet.deployment" -}}
@@ -104,11 +105,22 @@ spec:
           volumeMounts:
             - name: tmp
               mountPath: /tmp
+            {{- if .wakeToken }}
+            - name: wake-token
+              mountPath: /var/run/kvfleet/wake
+              readOnly: true
+            {{- end }}
       volumes:
         - name: tmp
           emptyDir:
             medium: Memory
             sizeLimit: {{ $root.Values.tmpSizeLimit }}
+        {{- if .wakeToken }}
+        - name: wake-token
+          secret:
+            secretName: {{ include "kvfleet.fullname" $root }}-wake-token
+            defaultMode: 0444
+        {{- end }}
       {{- with $values.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
