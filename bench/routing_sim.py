@@ -929,7 +929,7 @@ def fleet_goals(run: FleetRun) -> list[tuple[str, str, bool]]:
     for workload, r in run.results.items():
         ours = r[FLEET_GOAL_STRATEGY][n]
         one = r[FLEET_BASELINE]["1"]
-        hit = ours["hit_rate"] / one["hit_rate"]
+        hit = ours["hit_rate"] / one["hit_rate"] if one["hit_rate"] else 1.0  # nothing shared: 0 of 0
         out.append(
             (
                 workload,
@@ -952,7 +952,8 @@ def fleet_goals(run: FleetRun) -> list[tuple[str, str, bool]]:
             )
         rs = run.restarts.get(workload, {}).get(FLEET_GOAL_STRATEGY)
         if rs is not None and "restarted_10_20s_hit_rate" in rs:
-            hit = rs["restarted_10_20s_hit_rate"] / rs["others_10_20s_hit_rate"]
+            others = rs["others_10_20s_hit_rate"]
+            hit = rs["restarted_10_20s_hit_rate"] / others if others else 1.0
             mean = rs["restarted_10_20s_ttft_mean_s"] / rs["others_10_20s_ttft_mean_s"]
             out.append(
                 (
