@@ -235,6 +235,8 @@ class Fleet:
             ]
         branches = model.branches
         key, block = home(branches, hashes) if branches is not None else (None, 0)
+        if key is not None:
+            self._metrics.placement_keyed.inc((served_name,))
         pick = model.strategy.pick(candidates, PickRequest(hashes, exclude, key, block))
         return self._lease(served_name, model, pick, hashes) if pick is not None else None
 

@@ -10,16 +10,17 @@ id), so they agree with nothing shared; the load bound and the learned index the
 The key is what decides whether that helps. Hashing the first block homes every prompt that starts
 with the same system prompt on one replica; hashing the whole prompt homes every turn of a
 conversation apart. The key here is the prompt up to and including its **divergence block**: the
-first block after the shallowest point where the prompts a router has seen branch (``BranchIndex``).
-- multi-tenant system prompts: the root branches (tenants differ from block 0): key = the tenant's
-  first block, so all of a tenant's requests share a home;
-- chat with a shared system prompt: the system prompt is a single chain that branches at its end
-  (each conversation continues it differently): key = the conversation's first block past it, the
-  same for every later turn, which only extends the chain;
-- RAG with a shared instruction before the document: key = the document's first block.
-Routers that saw different samples of the same traffic find the same branch points, so they compute
-the same key; a router that starts empty finds them after a few requests (two prompts that differ
-where the others do).
+block after the deepest *family* point on its path, a point where the prompts seen branch into
+children that come back (``BranchIndex``):
+- chat with a shared system prompt: the system prompt branches at its end into conversations, which
+  come back turn after turn: key = the conversation's first block past it, the same for every later
+  turn, which only extends the chain;
+- RAG with a shared instruction before the document: key = the document's first block (documents
+  come back with more questions; the questions, which do not, are no family point);
+- prompts that diverge at their first block (tenants' own system prompts, unrelated prompts) get no
+  key: each router's own index places them, which measured better than a hashed home.
+Routers that saw different samples of the same traffic find the same family points, so they compute
+the same key; a router that starts empty finds them once it sees a few prompts come back.
 
 Nothing here does I/O; memory is bounded by ``max_entries``, CPU per request by ``max_depth_blocks``.
 """

@@ -178,6 +178,9 @@ async def test_three_routers_send_every_turn_of_a_conversation_to_one_replica() 
     elsewhere, so it goes home too."""
     routers = [(await make_fleet(placement=True))[0] for _ in range(3)]
     assert await picks_per_conversation(routers) == [1] * 12
+    # Every conversation turn had a home (72), and so had the warm-ups' second turns (2 + 3 + 4).
+    keyed = sum(f._metrics.placement_keyed.collect().samples[0].value for f in routers)
+    assert keyed == 72 + 9
     # The same without placement: each router's index says the system prompt is where its own first
     # requests went, and the turns follow that, a different replica per router.
     plain = [(await make_fleet(placement=False))[0] for _ in range(3)]
