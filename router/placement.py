@@ -50,8 +50,8 @@ class BranchIndex:
     For each block seen: its only next block, or ``BRANCHED``. A branch point is a **family** point once
     a prompt passes through one of its children that an earlier prompt reached too: its children
     recur (conversations come back with their next turn, documents with their next question), unlike
-    a point whose children are one-off questions. Both are LRUs (``max_entries`` each), so the shallow
-    blocks every prompt walks through stay and rare deep ones go first.
+    a point whose children are one-off questions. Both are bounded by ``max_entries``, branch points
+    refreshed on every pass (LRU), other blocks in the order they were learned.
     """
 
     def __init__(self, max_entries: int, max_depth_blocks: int) -> None:
@@ -72,26 +72,27 @@ class BranchIndex:
         router that has seen too little, or a shared prefix longer than the bound). Prompts of several
         applications diverge at the root, then each application's conversations after its system
         prompt: the deepest family point is the conversation's, whatever else shares the router.
-        CPU: two dict operations per block up to ``max_depth_blocks``.
+        CPU: one dict lookup per block up to ``max_depth_blocks`` along chains seen before. Only branch
+        points are refreshed in the LRU: a single-chain block that ages out is learned again from the
+        next prompt through it, while the points keys depend on stay.
         """
         nxt = self._next
         family = self._family
+        get = nxt.get
         parent = ROOT
         key = -1
-        for j in range(min(len(hashes), self.max_depth_blocks)):
-            child = hashes[j]
-            known = nxt.get(parent)
-            if known is None:
-                nxt[parent] = child
-                if len(nxt) > self.max_entries:
-                    nxt.popitem(last=False)
-            else:
-                nxt.move_to_end(parent)
-                if known != BRANCHED and known == parent:  # a prompt ended here before: this one goes on
+        for j, child in enumerate(hashes[: self.max_depth_blocks]):
+            known = get(parent)
+            if known != child:  # anything but a single chain seen before (the common case: one lookup)
+                if known is None:
                     nxt[parent] = child
-                elif known != child:  # a branch point (BRANCHED is never a block hash)
-                    if known != BRANCHED:
-                        nxt[parent] = BRANCHED
+                    if len(nxt) > self.max_entries:
+                        nxt.popitem(last=False)
+                elif known != BRANCHED and known == parent:  # a prompt ended here before: this one goes on
+                    nxt[parent] = child
+                else:  # a branch point (BRANCHED is never a block hash)
+                    nxt[parent] = BRANCHED
+                    nxt.move_to_end(parent)
                     if parent in family:
                         family.move_to_end(parent)
                         key = j
