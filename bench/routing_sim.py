@@ -38,17 +38,19 @@ import argparse
 import bisect
 import hashlib
 import heapq
+import itertools
 import json
 import random
 import statistics
 import string
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kvfleet.router.picking import Candidate, PickRequest, build_strategy
+from kvfleet.router.placement import BranchIndex, home
 from kvfleet.router.prefix_index import PrefixIndex
 from kvfleet.router.prompt import block_hashes
 from kvfleet.spec import RoutingSpec
@@ -59,6 +61,9 @@ CHARS_PER_TOKEN = 4
 BLOCK_TOKENS = BLOCK_CHARS // CHARS_PER_TOKEN
 MODEL = "sim"
 LOAD_PENALTY_BLOCKS = 4.0  # RouterSettings.load_penalty_blocks' default
+PLACEMENT_BRANCH_ENTRIES = 65_536  # RouterSettings.placement_branch_entries' default
+PLACEMENT_MAX_DEPTH_BLOCKS = 512  # RouterSettings.placement_max_depth_blocks' default
+LOAD_BOUND_SLACK = 2  # RouterSettings.load_bound_slack_requests' default
 
 # -- the h100 variant's replica: Llama-3.1-8B BF16 on one H100 SXM 80GB under vLLM ---------------
 # The same figures as docs/benchmarks/autoscaler.md. KV per token: 32 layers x 8 KV heads x 128 head
@@ -306,7 +311,7 @@ class Engine:
         self.capacity = cache_blocks
         self.slots = slots
         self.running = 0
-        self.waiting: deque[tuple[float, Request]] = deque()
+        self.waiting: deque[tuple[float, Request, Load, bool]] = deque()
         self.assigned = 0  # queued + running + decoding: the in-flight count the router sees
         self.unanswered = 0  # queued + prefilling (no first token yet): the router's waiting count
         self.served = 0
@@ -329,13 +334,27 @@ class Engine:
 
 # -- strategies -------------------------------------------------------------------------------------
 
-Router = Callable[[Request, list[Engine]], int]
+
+class Load:
+    """One replica as one router sees it: its in-flight count and its count awaiting a first byte."""
+
+    __slots__ = ("assigned", "unanswered")
+
+    def __init__(self, assigned: int = 0, unanswered: int = 0) -> None:
+        self.assigned = assigned
+        self.unanswered = unanswered
+
+
+# A router: given a request and the present replicas' loads as this router sees them, the replica's index.
+Router = Callable[[Request, list[Load]], int]
+# Builds a router; the engines are for the router that reads the engines' exact caches (KV events).
+RouterFactory = Callable[[list[Engine]], Router]
 
 
 def round_robin() -> Router:
     turn = [0]
 
-    def route(req: Request, engines: list[Engine]) -> int:
+    def route(req: Request, engines: list[Load]) -> int:
         turn[0] += 1
         return turn[0] % len(engines)
 
@@ -345,7 +364,7 @@ def round_robin() -> Router:
 def least_load() -> Router:
     turn = [0]
 
-    def route(req: Request, engines: list[Engine]) -> int:
+    def route(req: Request, engines: list[Load]) -> int:
         least = min(e.assigned for e in engines)
         tied = [i for i, e in enumerate(engines) if e.assigned == least]
         turn[0] += 1
@@ -362,27 +381,63 @@ def sticky_hash(n_replicas: int, vnodes: int = 100) -> Router:
     )
     points = [p for p, _ in ring]
 
-    def route(req: Request, engines: list[Engine]) -> int:
+    def route(req: Request, engines: list[Load]) -> int:
         h = int.from_bytes(hashlib.blake2b(req.key.encode(), digest_size=8).digest(), "big")
         return ring[bisect.bisect(points, h) % len(ring)][1]
 
     return route
 
 
-def kvfleet(
-    cache_blocks: int, bound: float, load_penalty_blocks: float, *, strategy_name: str = "prefix", waiting: bool = True
-) -> Router:
-    """kvfleet's picker; ``waiting=False`` feeds it the in-flight count as the waiting count (the old picker)."""
-    index = PrefixIndex(cache_blocks)
-    routing = RoutingSpec(prefix_block_chars=BLOCK_CHARS, load_imbalance_bound=bound, strategy=strategy_name)
-    strategy = build_strategy(routing, index, load_penalty_blocks=load_penalty_blocks)
+class EngineCacheIndex(PrefixIndex):
+    """The prefix index a router subscribed to every engine's KV-cache events would hold: the engines'
+    exact cache contents (evictions included), with no delay. The moonshot's reference."""
 
-    def route(req: Request, engines: list[Engine]) -> int:
+    def __init__(self, engines: list[Engine]) -> None:
+        super().__init__(1)
+        self._engines = engines
+
+    def matched_blocks(self, replica_id: str, hashes: Sequence[int]) -> int:
+        return self._engines[int(replica_id)].hit_blocks(hashes)
+
+    def held_anywhere(self, block_hash: int) -> bool:
+        return any(block_hash in e.cache for e in self._engines)
+
+    def record(self, replica_id: str, hashes: Sequence[int]) -> None:
+        pass  # the engines' events say what they hold; a pick teaches nothing
+
+
+def kvfleet(
+    cache_blocks: int,
+    bound: float,
+    load_penalty_blocks: float,
+    *,
+    strategy_name: str = "prefix",
+    waiting: bool = True,
+    placement: bool = False,
+    slack: int = 0,
+    engines: list[Engine] | None = None,
+) -> Router:
+    """kvfleet's picker; ``waiting=False`` feeds it the in-flight count as the waiting count (the old picker).
+
+    ``placement``: the rendezvous home over the prompt's divergence block (``kvfleet.router.placement``).
+    ``slack``: requests allowed over the load bound's cap. The defaults are the picker as section 1 of
+    docs/benchmarks/router.md measured it; the router's defaults now are ``placement=True, slack=2``.
+    ``engines``: the index is the engines' exact caches (``EngineCacheIndex``), as KV events would give.
+    """
+    index = PrefixIndex(cache_blocks) if engines is None else EngineCacheIndex(engines)
+    routing = RoutingSpec(prefix_block_chars=BLOCK_CHARS, load_imbalance_bound=bound, strategy=strategy_name)
+    strategy = build_strategy(
+        routing, index, load_penalty_blocks=load_penalty_blocks, placement=placement, load_bound_slack=slack
+    )
+    branches = BranchIndex(PLACEMENT_BRANCH_ENTRIES, PLACEMENT_MAX_DEPTH_BLOCKS) if placement else None
+
+    def route(req: Request, engines: list[Load]) -> int:
         candidates = [
             Candidate(str(i), e.assigned, waiting=e.unanswered if waiting else e.assigned)
             for i, e in enumerate(engines)
         ]
-        pick = strategy.pick(candidates, PickRequest(req.hashes))
+        key, block = home(branches, req.hashes) if branches is not None else (None, 0)
+        pick = strategy.pick(candidates, PickRequest(req.hashes, home_key=key, home_block=block))
         assert pick is not None
         index.record(pick.replica_id, req.hashes)
         return int(pick.replica_id)
@@ -483,18 +538,56 @@ def check_bound(workload: str, bound: dict[str, float], results: dict[str, dict[
             raise AssertionError(f"{workload}: {name}'s hit rate {r['hit_rate']} is above the ideal's")
 
 
-def simulate(requests: list[Request], route: Router, p: Params, join: Join | None = None) -> dict[str, float]:
+@dataclass(frozen=True)
+class Restart:
+    """Router 0 restarts at ``at_s``: a new process with an empty index and no in-flight view of its own."""
+
+    at_s: float
+    windows_s: tuple[float, ...] = (0.0, 2.0, 5.0, 10.0, 20.0)  # reported per window after the restart
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """How many routers, and what each knows of the engines' load.
+
+    ``routers``: each has its own state and its own in-flight view; each request goes to one at random,
+    as a Service spreads connections. ``shared_load_s``: every this many seconds each router reads
+    every engine's own counts (``vllm:num_requests_running`` + ``_waiting``, and requests not yet
+    past prefill), and between reads adds what it sent and saw finish since; None: its own counts only.
+    """
+
+    routers: int = 1
+    shared_load_s: float | None = None
+
+
+def simulate(
+    requests: list[Request],
+    factory: RouterFactory,
+    p: Params,
+    join: Join | None = None,
+    fleet: Fleet = Fleet(),
+    restart: Restart | None = None,
+) -> dict[str, float]:
     """Replay the trace; requests before ``p.warmup_requests`` warm the caches and are not measured.
 
     With ``join`` only the requests arriving in the join window are measured, and the figures about
-    the joining replica (``joined_*``) are added.
+    the joining replica (``joined_*``) are added. With ``restart``, per-window figures for the requests
+    the restarted router routed and for the others' (``restart``) are added.
     """
     m = p.engine
     engines = [Engine(m.cache_blocks, m.slots) for _ in range(p.replicas)]
     joined = engines[-1]
-    # (time, seq, kind, replica, request): "arrive"; "first" ends a prefill (the first token);
-    # "slot" frees a slot; "finish" ends the request
-    events: list[tuple[float, int, str, int, Request | None]] = []
+    routers = [factory(engines) for _ in range(fleet.routers)]
+    # Each router's own view: per replica, what it sent and has not seen finish / answer. A restarted
+    # router gets new lists; requests its old process sent still finish against the old ones.
+    own = [[Load() for _ in engines] for _ in routers]
+    base = [[Load() for _ in engines] for _ in routers]  # own counts at the last shared read
+    shared = [Load() for _ in engines]  # the engines' counts at the last shared read
+    next_read_s = 0.0
+    spread = random.Random(p.seed + 7919)  # which router each request reaches
+    # (time, seq, kind, replica, payload): "arrive" (payload: the request); "first" ends a prefill (the
+    # first token); "slot" frees a slot; "finish" ends the request ("first"/"finish": its router's Load)
+    events: list[tuple[float, int, str, int, object]] = []
     seq = 0
     for req in requests:
         heapq.heappush(events, (req.arrival_s, seq, "arrive", -1, req))
@@ -509,11 +602,14 @@ def simulate(requests: list[Request], route: Router, p: Params, join: Join | Non
     first_second = 0  # arrivals in the join's first second, and how many went to the joining replica
     first_second_joined = 0
     joined_peak_waiting = 0
+    restarted = False
+    # per measured request around the restart: (arrival after the restart, restarted router?, ttft, hit, tokens)
+    around: list[tuple[float, bool, float, int, int]] = []
 
     def measured(arrival_s: float) -> bool:
         return from_s <= arrival_s < to_s
 
-    def start(i: int, now: float, req: Request) -> None:
+    def start(i: int, now: float, req: Request, view: Load, by_restarted: bool) -> None:
         nonlocal seq, hit_tokens, prompt_tokens
         engine = engines[i]
         engine.running += 1
@@ -525,45 +621,80 @@ def simulate(requests: list[Request], route: Router, p: Params, join: Join | Non
             hit_tokens += hit
             prompt_tokens += tokens
             ttft.append(now - req.arrival_s + prefill)
+        if restart is not None and req.arrival_s >= restart.at_s:
+            around.append((req.arrival_s - restart.at_s, by_restarted, now - req.arrival_s + prefill, hit, tokens))
         done = now + prefill + m.output_tokens * m.decode_s_per_token
-        heapq.heappush(events, (now + prefill, seq, "first", i, None))
+        heapq.heappush(events, (now + prefill, seq, "first", i, view))
         heapq.heappush(events, (done if m.decode_holds_slot else now + prefill, seq + 1, "slot", i, None))
-        heapq.heappush(events, (done, seq + 2, "finish", i, None))
+        heapq.heappush(events, (done, seq + 2, "finish", i, view))
         seq += 3
 
     while events:
-        now, _, kind, i, arriving = heapq.heappop(events)
+        now, _, kind, i, payload = heapq.heappop(events)
         if kind == "arrive":
-            assert arriving is not None
-            req = arriving
-            present = engines if join is None or now >= join.at_s else engines[:-1]
-            i = route(req, present)
+            assert isinstance(payload, Request)
+            req = payload
+            if restart is not None and not restarted and now >= restart.at_s:
+                restarted = True
+                routers[0] = factory(engines)
+                own[0] = [Load() for _ in engines]
+                base[0] = [Load() for _ in engines]
+            r = spread.randrange(len(routers)) if len(routers) > 1 else 0
+            n_present = len(engines) if join is None or now >= join.at_s else len(engines) - 1
+            mine = own[r]
+            if fleet.shared_load_s is None:
+                loads = mine[:n_present]
+            else:
+                if now >= next_read_s:
+                    next_read_s = now + fleet.shared_load_s
+                    for e, view in zip(engines, shared, strict=True):
+                        view.assigned, view.unanswered = e.assigned, e.unanswered
+                    for o, b in zip(own, base, strict=True):
+                        for ov, bv in zip(o, b, strict=True):
+                            bv.assigned, bv.unanswered = ov.assigned, ov.unanswered
+                at = base[r]
+                loads = [
+                    Load(
+                        max(0, shared[k].assigned + mine[k].assigned - at[k].assigned),
+                        max(0, shared[k].unanswered + mine[k].unanswered - at[k].unanswered),
+                    )
+                    for k in range(n_present)
+                ]
+            i = routers[r](req, loads)
             engine = engines[i]
+            view = mine[i]
             engine.assigned += 1
             engine.unanswered += 1
+            view.assigned += 1
+            view.unanswered += 1
             if measured(req.arrival_s):
                 served[i] += 1
-                loads = [e.assigned for e in engines]
-                inflight_samples.append(max(loads) / (sum(loads) / len(loads)))
+                counts = [e.assigned for e in engines]
+                inflight_samples.append(max(counts) / (sum(counts) / len(counts)))
             if join is not None and join.at_s <= now < join.at_s + 1.0:
                 first_second += 1
                 first_second_joined += engine is joined
             if engine is joined:
                 joined_peak_waiting = max(joined_peak_waiting, engine.unanswered)
+            by_restarted = restarted and r == 0
             if engine.running < engine.slots:
-                start(i, now, req)
+                start(i, now, req, view, by_restarted)
             else:
-                engine.waiting.append((now, req))
+                engine.waiting.append((now, req, view, by_restarted))
         elif kind == "first":
+            assert isinstance(payload, Load)
             engines[i].unanswered -= 1
+            payload.unanswered -= 1
         elif kind == "slot":
             engine = engines[i]
             engine.running -= 1
             if engine.waiting:
-                _, queued = engine.waiting.popleft()
-                start(i, now, queued)
+                _, queued, view, by_restarted = engine.waiting.popleft()
+                start(i, now, queued, view, by_restarted)
         else:
+            assert isinstance(payload, Load)
             engines[i].assigned -= 1
+            payload.assigned -= 1
     ttft.sort()
     out = {
         "hit_rate": hit_tokens / prompt_tokens,
@@ -577,6 +708,18 @@ def simulate(requests: list[Request], route: Router, p: Params, join: Join | Non
         out["joined_peak_waiting"] = joined_peak_waiting
         out["ttft_misses"] = sum(1 for t in ttft if t > join.slo_s)
         out["window_requests"] = len(ttft)
+    if restart is not None:
+        for lo, hi in itertools.pairwise(restart.windows_s):
+            for who, flag in (("restarted", True), ("others", False)):
+                rows = [x for x in around if lo <= x[0] < hi and x[1] is flag]
+                if not rows:
+                    continue
+                times = sorted(x[2] for x in rows)
+                tag = f"{who}_{lo:g}_{hi:g}s"
+                out[f"{tag}_hit_rate"] = sum(x[3] for x in rows) / max(1, sum(x[4] for x in rows))
+                out[f"{tag}_ttft_mean_s"] = statistics.mean(times)
+                out[f"{tag}_ttft_p99_s"] = times[min(len(times) - 1, int(len(times) * 0.99))]
+                out[f"{tag}_requests"] = len(rows)
     return out
 
 
@@ -624,15 +767,15 @@ class VariantRun:
 def run_variant(p: Params, only: list[str], join: bool) -> VariantRun:
     """Every workload under every strategy and its lower bound; with ``join``, the join scenario too (not
     for sticky hashing, whose ring is fixed)."""
-    strategies: dict[str, Callable[[], Router]] = {
-        "round-robin": round_robin,
-        "least-load": least_load,
-        "sticky-hash": lambda: sticky_hash(p.replicas),
-        "kvfleet": lambda: kvfleet(p.engine.cache_blocks, p.bound, p.load_penalty_blocks),
-        "kvfleet (in-flight signal)": lambda: kvfleet(
+    strategies: dict[str, RouterFactory] = {
+        "round-robin": lambda _: round_robin(),
+        "least-load": lambda _: least_load(),
+        "sticky-hash": lambda _: sticky_hash(p.replicas),
+        "kvfleet": lambda _: kvfleet(p.engine.cache_blocks, p.bound, p.load_penalty_blocks),
+        "kvfleet (in-flight signal)": lambda _: kvfleet(
             p.engine.cache_blocks, p.bound, p.load_penalty_blocks, waiting=False
         ),
-        "kvfleet least-load": lambda: kvfleet(
+        "kvfleet least-load": lambda _: kvfleet(
             p.engine.cache_blocks, p.bound, p.load_penalty_blocks, strategy_name="least-load"
         ),
     }
@@ -644,7 +787,7 @@ def run_variant(p: Params, only: list[str], join: bool) -> VariantRun:
         trace, stats[workload] = make_trace(workload, p)
         results[workload] = {}
         for name, factory in strategies.items():
-            r = results[workload][name] = simulate(trace, factory(), p)
+            r = results[workload][name] = simulate(trace, factory, p)
             print(
                 f"{p.variant:5s} {workload:28s} {name:26s} hit {r['hit_rate']:.3f} "
                 f"imbalance {r['imbalance_served']:.2f} (in-flight {r['imbalance_inflight']:.2f}) "
@@ -667,7 +810,7 @@ def run_variant(p: Params, only: list[str], join: bool) -> VariantRun:
         for name, factory in strategies.items():
             if name == "sticky-hash":
                 continue
-            r = joins[workload][name] = simulate(trace, factory(), p, scenario)
+            r = joins[workload][name] = simulate(trace, factory, p, scenario)
             print(
                 f"{p.variant:5s} join {workload:23s} {name:26s} to the new replica: "
                 f"{r['joined_share_first_s']:.0%} of the first second's arrivals, peak waiting "
@@ -676,6 +819,225 @@ def run_variant(p: Params, only: list[str], join: bool) -> VariantRun:
                 flush=True,
             )
     return VariantRun(p, results, stats, joins, ideals)
+
+
+# -- several routers -------------------------------------------------------------------------------
+
+SHARED_LOAD_S = 0.25  # how often a router reads the engines' own load (RouterSettings.engine_load_interval_s)
+RESTART_WINDOWS_S = (0.0, 2.0, 5.0, 10.0, 20.0)
+
+
+@dataclass(frozen=True)
+class FleetStrategy:
+    """A strategy for the several-routers comparison: how each router picks, and what load it sees."""
+
+    factory: RouterFactory
+    shared_load_s: float | None = None
+    restart: bool = False  # also run the router-restart scenario
+
+
+def fleet_strategies(p: Params) -> dict[str, FleetStrategy]:
+    c, b, w, k = p.engine.cache_blocks, p.bound, p.load_penalty_blocks, LOAD_BOUND_SLACK
+    return {
+        "round-robin": FleetStrategy(lambda _: round_robin()),
+        "least-load": FleetStrategy(lambda _: least_load()),
+        "sticky-hash": FleetStrategy(lambda _: sticky_hash(p.replicas)),
+        "kvfleet before (own index, no slack)": FleetStrategy(lambda _: kvfleet(c, b, w), restart=True),
+        "own index": FleetStrategy(lambda _: kvfleet(c, b, w, slack=k)),
+        "own index + engine load": FleetStrategy(lambda _: kvfleet(c, b, w, slack=k), SHARED_LOAD_S),
+        "placement (no slack)": FleetStrategy(lambda _: kvfleet(c, b, w, placement=True)),
+        "placement": FleetStrategy(lambda _: kvfleet(c, b, w, placement=True, slack=k), restart=True),
+        "placement + engine load": FleetStrategy(
+            lambda _: kvfleet(c, b, w, placement=True, slack=k), SHARED_LOAD_S, restart=True
+        ),
+        "KV events (exact caches)": FleetStrategy(lambda e: kvfleet(c, b, w, slack=k, engines=e)),
+        "KV events (exact caches) + engine load": FleetStrategy(
+            lambda e: kvfleet(c, b, w, slack=k, engines=e), SHARED_LOAD_S
+        ),
+    }
+
+
+FLEET_GOAL_STRATEGY = "placement"  # what the router runs (the goals table judges it)
+FLEET_BASELINE = "kvfleet before (own index, no slack)"  # one router of today's kvfleet: the figures to hold
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    params: Params
+    routers: int
+    results: dict[str, dict[str, dict[str, dict[str, float]]]]  # workload -> strategy -> "1" / "N" -> figures
+    restarts: Results  # workload -> strategy -> figures with the restart windows
+    ideals: dict[str, dict[str, float]]
+
+
+def run_fleet(p: Params, only: list[str], n_routers: int) -> FleetRun:
+    """Every workload under every strategy with one router and with ``n_routers``; then router 0 of
+    ``n_routers`` restarting halfway through the measured requests."""
+    results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    restarts: Results = {}
+    ideals: dict[str, dict[str, float]] = {}
+    for workload in [w for w in WORKLOADS[p.variant] if not only or w in only]:
+        trace, _ = make_trace(workload, p)
+        ideals[workload] = ideal(trace, p)
+        results[workload] = {}
+        restarts[workload] = {}
+        middle = trace[p.warmup_requests + (len(trace) - p.warmup_requests) // 2].arrival_s
+        for name, strategy in fleet_strategies(p).items():
+            per: dict[str, dict[str, float]] = {}
+            for routers in (1, n_routers):
+                r = per[str(routers)] = simulate(
+                    trace, strategy.factory, p, fleet=Fleet(routers, strategy.shared_load_s)
+                )
+                print(
+                    f"{workload:28s} {name:40s} routers {routers} hit {r['hit_rate']:.3f} "
+                    f"imbalance {r['imbalance_served']:.2f} ttft mean {r['ttft_mean_s'] * 1000:.1f} ms "
+                    f"p99 {r['ttft_p99_s'] * 1000:.0f} ms",
+                    flush=True,
+                )
+            results[workload][name] = per
+            if strategy.restart and n_routers > 1:
+                r = restarts[workload][name] = simulate(
+                    trace,
+                    strategy.factory,
+                    p,
+                    fleet=Fleet(n_routers, strategy.shared_load_s),
+                    restart=Restart(middle, RESTART_WINDOWS_S),
+                )
+                print(f"{workload:28s} {name:40s} restart " + restart_line(r), flush=True)
+        check_bound(
+            workload, ideals[workload], {f"{s} x{n}": f for s, x in results[workload].items() for n, f in x.items()}
+        )
+    return FleetRun(p, n_routers, results, restarts, ideals)
+
+
+def restart_line(r: dict[str, float]) -> str:
+    parts = []
+    for lo, hi in itertools.pairwise(RESTART_WINDOWS_S):
+        tag = f"{lo:g}_{hi:g}s"
+        if f"restarted_{tag}_hit_rate" in r:
+            parts.append(
+                f"{lo:g}-{hi:g} s: hit {r[f'restarted_{tag}_hit_rate']:.3f} vs {r[f'others_{tag}_hit_rate']:.3f}, "
+                f"mean {r[f'restarted_{tag}_ttft_mean_s'] * 1000:.0f} vs {r[f'others_{tag}_ttft_mean_s'] * 1000:.0f} ms"
+            )
+    return "; ".join(parts)
+
+
+def fleet_goals(run: FleetRun) -> list[tuple[str, str, bool]]:
+    """(workload, check, met): the chosen strategy with N routers against one router of today's kvfleet."""
+    n = str(run.routers)
+    out = []
+    for workload, r in run.results.items():
+        ours = r[FLEET_GOAL_STRATEGY][n]
+        one = r[FLEET_BASELINE]["1"]
+        hit = ours["hit_rate"] / one["hit_rate"] if one["hit_rate"] else 1.0  # nothing shared: 0 of 0
+        out.append(
+            (
+                workload,
+                f"hit rate {ours['hit_rate']:.3f} = {hit:.3f} of one router's {one['hit_rate']:.3f} (goal >= 0.97)",
+                hit >= 0.97,
+            )
+        )
+        out.append(
+            (workload, f"imbalance {ours['imbalance_served']:.2f} (goal <= 1.25)", ours["imbalance_served"] <= 1.25)
+        )
+        for key, label in (("ttft_mean_s", "TTFT mean"), ("ttft_p99_s", "TTFT p99")):
+            ratio = ours[key] / one[key]
+            out.append(
+                (
+                    workload,
+                    f"{label} {ours[key] * 1000:.1f} ms = {ratio:.2f}x one router's {one[key] * 1000:.1f} ms "
+                    "(goal <= 1.1x)",
+                    ratio <= 1.1,
+                )
+            )
+        rs = run.restarts.get(workload, {}).get(FLEET_GOAL_STRATEGY)
+        if rs is not None and "restarted_10_20s_hit_rate" in rs:
+            others = rs["others_10_20s_hit_rate"]
+            hit = rs["restarted_10_20s_hit_rate"] / others if others else 1.0
+            mean = rs["restarted_10_20s_ttft_mean_s"] / rs["others_10_20s_ttft_mean_s"]
+            out.append(
+                (
+                    workload,
+                    f"restarted router 10-20 s after: hit rate {hit:.3f} of the others' (goal >= 0.97), "
+                    f"TTFT mean {mean:.2f}x theirs (goal <= 1.1x)",
+                    hit >= 0.97 and mean <= 1.1,
+                )
+            )
+    return out
+
+
+def write_fleet(out: Path, run: FleetRun, elapsed_s: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    n = str(run.routers)
+    checks = fleet_goals(run)
+    doc = {
+        "elapsed_s": elapsed_s,
+        "params": asdict(run.params),
+        "routers": run.routers,
+        "shared_load_s": SHARED_LOAD_S,
+        "goal_strategy": FLEET_GOAL_STRATEGY,
+        "baseline": FLEET_BASELINE,
+        "results": run.results,
+        "restart": run.restarts,
+        "ideal": run.ideals,
+        "goals": [{"workload": w, "check": c, "met": ok} for w, c, ok in checks],
+    }
+    lines = [
+        describe(run.params),
+        f"Routers: 1 and {run.routers}, each request to one at random; each router has its own index and its "
+        f"own in-flight counts; `+ engine load`: it also reads every engine's own counts every {SHARED_LOAD_S:g} s.",
+        "",
+        f"| workload | strategy | hit rate (1 -> {n} routers) | imbalance | TTFT mean (ms) | TTFT p99 (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workload, r in run.results.items():
+        for name, per in r.items():
+            a, b = per["1"], per[n]
+            lines.append(
+                f"| {workload} | {name} | {a['hit_rate']:.3f} -> {b['hit_rate']:.3f} | "
+                f"{a['imbalance_served']:.2f} -> {b['imbalance_served']:.2f} | "
+                f"{a['ttft_mean_s'] * 1000:.1f} -> {b['ttft_mean_s'] * 1000:.1f} | "
+                f"{a['ttft_p99_s'] * 1000:.0f} -> {b['ttft_p99_s'] * 1000:.0f} |"
+            )
+        ideal_ = run.ideals[workload]
+        lines.append(
+            f"| {workload} | {IDEAL} | {ideal_['hit_rate']:.3f} | - | {ideal_['ttft_mean_s'] * 1000:.1f} | "
+            f"{ideal_['ttft_p99_s'] * 1000:.0f} |"
+        )
+    lines += [
+        "",
+        f"Restart: router 0 of {n} restarts (empty index, no in-flight view) halfway through the measured "
+        "requests; the requests it routes against the other routers' in the same windows after the restart.",
+        "",
+        "| workload | strategy | window after restart | hit rate: restarted / others | "
+        "TTFT mean (ms): restarted / others | TTFT p99 (ms): restarted / others | requests |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for workload, r in run.restarts.items():
+        for name, f in r.items():
+            for lo, hi in itertools.pairwise(RESTART_WINDOWS_S):
+                tag = f"{lo:g}_{hi:g}s"
+                if f"restarted_{tag}_hit_rate" not in f:
+                    continue
+                lines.append(
+                    f"| {workload} | {name} | {lo:g}-{hi:g} s | {f[f'restarted_{tag}_hit_rate']:.3f} / "
+                    f"{f[f'others_{tag}_hit_rate']:.3f} | {f[f'restarted_{tag}_ttft_mean_s'] * 1000:.1f} / "
+                    f"{f[f'others_{tag}_ttft_mean_s'] * 1000:.1f} | {f[f'restarted_{tag}_ttft_p99_s'] * 1000:.0f} / "
+                    f"{f[f'others_{tag}_ttft_p99_s'] * 1000:.0f} | {f[f'restarted_{tag}_requests']:.0f} / "
+                    f"{f[f'others_{tag}_requests']:.0f} |"
+                )
+    lines += [
+        "",
+        f"Goals: `{FLEET_GOAL_STRATEGY}` with {n} routers against one router of `{FLEET_BASELINE}` (today's kvfleet).",
+        "",
+        "| workload | goal | verdict |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {w} | {c} | {'met' if ok else 'MISSED'} |" for w, c, ok in checks]
+    lines.append("")
+    (out / "router_fleet_sim.json").write_text(json.dumps(doc, indent=2))
+    (out / "router_fleet_sim.md").write_text("\n".join(lines))
+    print("\n".join(lines))
 
 
 def main() -> None:
@@ -696,9 +1058,18 @@ def main() -> None:
         default="h100",
         help="run the join scenario (one replica joins empty) for these variants",
     )
+    parser.add_argument(
+        "--routers",
+        type=int,
+        default=1,
+        help="N > 1: compare 1 and N routers for every strategy, with a router restart (h100 variant unless "
+        "--variant says otherwise); writes router_fleet_sim.{json,md}",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     started = time.monotonic()
+    if args.routers > 1 and args.variant == "both":
+        args.variant = "h100"
     variants = ["h100", "small"] if args.variant == "both" else [args.variant]
     runs: dict[str, VariantRun] = {}
     for variant in variants:
@@ -719,8 +1090,12 @@ def main() -> None:
             bound=args.bound,
             load_penalty_blocks=args.load_penalty_blocks,
         )
+        only = [w for w in args.only.split(",") if w]
+        if args.routers > 1:
+            write_fleet(args.out, run_fleet(p, only, args.routers), time.monotonic() - started)
+            return
         with_join = args.join == "both" or args.join == variant
-        runs[variant] = run_variant(p, [w for w in args.only.split(",") if w], with_join)
+        runs[variant] = run_variant(p, only, with_join)
     write(args.out, runs, time.monotonic() - started)
 
 

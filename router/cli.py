@@ -87,6 +87,17 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     default=None,
     help="File with the token the autoscaler's /v1/wake requires (sent as Authorization: Bearer).",
 )
+@click.option(
+    "--placement/--no-placement",
+    default=None,
+    help="Credit each prompt's rendezvous home so several routers agree [default: on; RouterSettings.placement].",
+)
+@click.option(
+    "--load-bound-slack-requests",
+    type=int,
+    default=None,
+    help="In-flight requests allowed over the load bound's cap [default: 2].",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(
     host: str | None,
@@ -100,11 +111,16 @@ def serve(
     kubeconfig: str | None,
     autoscaler_url: str | None,
     wake_token_file: Path | None,
+    placement: bool | None,
+    load_bound_slack_requests: int | None,
     log_level: str,
 ) -> None:
     """Serve the OpenAI API and route each request to a replica of its model."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = load_settings(settings_file, {"host": host, "port": port})
+    settings = load_settings(
+        settings_file,
+        {"host": host, "port": port, "placement": placement, "load_bound_slack_requests": load_bound_slack_requests},
+    )
     if kubernetes == bool(replicas):
         raise click.UsageError("give either --kubernetes or one or more --replica MODEL=URL")
     source: ReplicaSource

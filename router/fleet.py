@@ -16,6 +16,7 @@ from kvfleet.router.errors import ModelNotFoundError
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.outlier import OutlierDetector
 from kvfleet.router.picking import Candidate, Pick, PickRequest, Strategy, build_strategy
+from kvfleet.router.placement import BranchIndex, home
 from kvfleet.router.prefix_index import PrefixIndex
 from kvfleet.router.replicas import DeploymentView, Endpoint, Snapshot
 from kvfleet.router.settings import RouterSettings
@@ -39,6 +40,7 @@ class _Model:
     index: PrefixIndex
     strategy: Strategy
     queue: HoldQueue
+    branches: BranchIndex | None  # where prompts diverge, for placement (None: placement off)
     replicas: dict[str, _Replica] = field(default_factory=dict)
 
 
@@ -127,6 +129,11 @@ class Fleet:
                     queue=HoldQueue(
                         served_name, max_waiting=view.routing.max_queue, retry_after_s=self._settings.retry_after_s
                     ),
+                    branches=(
+                        BranchIndex(self._settings.placement_branch_entries, self._settings.placement_max_depth_blocks)
+                        if self._settings.placement
+                        else None
+                    ),
                 )
                 self._models[served_name] = model
                 self._metrics.queue_depth.labels(served_name).set(0)
@@ -159,7 +166,13 @@ class Fleet:
         model.index.retain(wanted)
 
     def _strategy(self, view: DeploymentView, index: PrefixIndex) -> Strategy:
-        return build_strategy(view.routing, index, load_penalty_blocks=self._settings.load_penalty_blocks)
+        return build_strategy(
+            view.routing,
+            index,
+            load_penalty_blocks=self._settings.load_penalty_blocks,
+            placement=self._settings.placement,
+            load_bound_slack=self._settings.load_bound_slack_requests,
+        )
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -220,7 +233,11 @@ class Fleet:
                 Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s), rep.waiting)
                 for r, rep in model.replicas.items()
             ]
-        pick = model.strategy.pick(candidates, PickRequest(hashes, exclude))
+        branches = model.branches
+        key, block = home(branches, hashes) if branches is not None else (None, 0)
+        if key is not None:
+            self._metrics.placement_keyed.inc((served_name,))
+        pick = model.strategy.pick(candidates, PickRequest(hashes, exclude, key, block))
         return self._lease(served_name, model, pick, hashes) if pick is not None else None
 
     async def acquire(self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()) -> Lease:

@@ -114,11 +114,17 @@ class RouterMetrics:
             "Attempts retried on another replica after failing before the first byte.",
             ["model"],
         )
+        self.placement_keyed = CounterSeries(
+            "kvfleet_router_placement_keyed",
+            "Picks whose prompt had a placement home (where its conversation or document starts was known).",
+            ["model"],
+        )
         self._series: list[CounterSeries | HistogramSeries] = [
             self.requests,
             self.ttft,
             self.prefix_match,
             self.retries,
+            self.placement_keyed,
         ]
         self.registry.register(_SeriesCollector(self._series))
 

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from kvfleet.router.placement import PlacementScorer
 from kvfleet.router.prefix_index import PrefixIndex
 from kvfleet.spec import RoutingSpec
 
@@ -47,10 +48,12 @@ class Candidate(NamedTuple):
 
 
 class PickRequest(NamedTuple):
-    """What is being routed: the prompt's block hashes, and replicas this request already failed on."""
+    """What is being routed: the prompt's block hashes, replicas this request already failed on, its home key."""
 
     hashes: Sequence[int] = ()
     exclude: frozenset[str] = frozenset()
+    home_key: int | None = None  # the prompt's placement key, alike in every router (placement.home_key)
+    home_block: int = 0  # the block the key ends with: where the prompt diverges from the others seen
 
 
 class Pick(NamedTuple):
@@ -127,17 +130,21 @@ class RoutableFilter:
 class BoundedLoadFilter:
     """Keeps replicas whose in-flight count, with this request added, stays within ``bound`` x the mean.
 
-    The cap is ``ceil(bound * (total_inflight + 1) / n)`` over the routable replicas: the least-loaded
-    replica always fits (its load is at most the mean), so the filter never empties a non-empty set.
+    The cap is ``ceil(bound * (total_inflight + 1) / n) + slack`` over the routable replicas: the
+    least-loaded replica always fits (its load is at most the mean), so the filter never empties a
+    non-empty set. ``slack`` (requests) keeps the cap from dropping a prompt's home over the noise of
+    small counts: each of several routers sees only its own share of the in-flight requests, a few per
+    replica, where one request more is already 1.25x (bench/routing_sim.py --routers).
     """
 
     bound: float
+    slack: int = 0
     name: str = "bounded-load"
     required: bool = False
 
     def cap(self, candidates: Sequence[Candidate]) -> int:
         total = sum([c.inflight for c in candidates]) + 1
-        return max(1, math.ceil(self.bound * total / max(1, len(candidates)) - 1e-9))
+        return max(1, math.ceil(self.bound * total / max(1, len(candidates)) - 1e-9)) + self.slack
 
     def filter(self, candidates: Sequence[Candidate], request: PickRequest) -> list[Candidate]:
         cap = self.cap(candidates)
@@ -302,20 +309,33 @@ class Strategy:
         )
 
 
-def build_strategy(routing: RoutingSpec, index: PrefixIndex, *, load_penalty_blocks: float) -> Strategy:
+def build_strategy(
+    routing: RoutingSpec,
+    index: PrefixIndex,
+    *,
+    load_penalty_blocks: float,
+    placement: bool = False,
+    load_bound_slack: int = 0,
+) -> Strategy:
     """The strategy a deployment's ``spec.routing`` asks for.
 
     ``load_penalty_blocks``: blocks of prefill one extra in-flight request is worth (prefix strategy).
+    ``placement``: the prefix strategy also scores each request's rendezvous home (``placement``), so
+    that several routers agree; it scores nothing for requests without a ``home_key``.
+    ``load_bound_slack``: requests allowed over the load bound's cap (``BoundedLoadFilter.slack``).
     """
     routable = RoutableFilter()
     if routing.strategy == "round-robin":
         return Strategy("round-robin", index, [routable], [], RoundRobinPicker())
     if routing.strategy == "least-load":
         return Strategy("least-load", index, [routable], [(LoadScorer(), 1.0)], MaxScorePicker())
+    scorers: list[tuple[Scorer, float]] = [(PrefixScorer(index), 1.0), (QueueScorer(index), load_penalty_blocks)]
+    if placement:
+        scorers.append((PlacementScorer(index), 1.0))
     return Strategy(
         "prefix",
         index,
-        [routable, BoundedLoadFilter(routing.load_imbalance_bound)],
-        [(PrefixScorer(index), 1.0), (QueueScorer(index), load_penalty_blocks)],
+        [routable, BoundedLoadFilter(routing.load_imbalance_bound, load_bound_slack)],
+        scorers,
         MaxScorePicker(),
     )

@@ -8,6 +8,7 @@ cache hit on the engine either.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,18 +73,42 @@ def _render_content(content: Any, index: int) -> str:
     raise BadRequestError(f"'messages[{index}].content' must be a string, a list of parts, or null")
 
 
-def block_hashes(text: str, *, model: str, block_chars: int, max_blocks: int) -> list[int]:
+class BlockChain(list[int]):
+    """A prompt's block hashes (a list of int), able to give a process-independent hash of any prefix.
+
+    ``stable_hash(i)`` is blake2b over the model and the text up to the end of block ``i``: what several
+    router processes compare (the placement key), computed for one block per request, not for all.
+    """
+
+    __slots__ = ("_block_chars", "_model", "_text")
+
+    def __init__(self, text: str, model: str, block_chars: int) -> None:
+        super().__init__()
+        self._text = text
+        self._model = model
+        self._block_chars = block_chars
+
+    def stable_hash(self, block: int) -> int:
+        if not 0 <= block < len(self):
+            raise IndexError(f"block {block} out of range (0..{len(self) - 1})")
+        digest = hashlib.blake2b(self._model.encode(), digest_size=8)
+        digest.update(self._text[: (block + 1) * self._block_chars].encode())
+        return int.from_bytes(digest.digest(), "big")
+
+
+def block_hashes(text: str, *, model: str, block_chars: int, max_blocks: int) -> BlockChain:
     """Chained hashes of the whole ``block_chars``-sized blocks of ``text``, seeded by ``model``.
 
     Python's own ``hash`` (SipHash with a per-process random key), not blake2b: a 4k-token prompt is
     ~125 blocks, and blake2b with its bytes copies cost ~175 us of CPU per such request against ~37 us
     here (bench/router_overhead.py's micro-benchmark). The keyed hash also keeps anyone from crafting
     colliding prompts. The values mean nothing outside this process: the index lives in the router's
-    memory and is never persisted or compared across processes.
+    memory and is never persisted or compared across processes. What routers must agree on (the
+    placement key) comes from ``BlockChain.stable_hash``.
     """
     if block_chars < 1:
         raise ValueError(f"block_chars must be >= 1, got {block_chars}")
-    hashes: list[int] = []
+    hashes = BlockChain(text, model, block_chars)
     end = min(len(text) // block_chars, max_blocks) * block_chars
     previous = hash(model)
     for start in range(0, end, block_chars):

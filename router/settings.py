@@ -71,6 +71,39 @@ class RouterSettings(BaseModel):
             "(4 was chosen in bench/routing_sim.py, docs/benchmarks/router.md section 1)."
         ),
     )
+    placement: bool = Field(
+        default=True,
+        description=(
+            "Prefix strategy: also credit each prompt's rendezvous home (the replica every router ranks first "
+            "for where the prompt diverges from others), so that several routers place a conversation or "
+            "document alike without talking. Off: each router's own index and load alone."
+        ),
+    )
+    placement_branch_entries: int = Field(
+        default=65_536,
+        ge=16,
+        le=10_000_000,
+        description="Blocks remembered per model to find where prompts diverge (an LRU; ~100 bytes each).",
+    )
+    placement_max_depth_blocks: int = Field(
+        default=512,
+        ge=1,
+        le=100_000,
+        description=(
+            "Deepest block at which a prompt's divergence is looked for: a shared prefix longer than this "
+            "(512 blocks of 128 chars: ~16k tokens) gets no home. Bounds the CPU per request."
+        ),
+    )
+    load_bound_slack_requests: int = Field(
+        default=2,
+        ge=0,
+        le=1000,
+        description=(
+            "Prefix strategy: in-flight requests a replica may have over the load bound's cap. Several routers "
+            "each see a few requests per replica, where one more is already over 1.25x; the slack keeps that "
+            "noise from moving prompts off their home (docs/benchmarks/router.md, section 4)."
+        ),
+    )
     wake_min_interval_s: float = Field(
         default=2.0, gt=0, le=600, description="Wake signal repeat interval while requests wait."
     )

@@ -20,6 +20,7 @@ from kvfleet.autoscaler.settings import AutoscalerSettings
 from kvfleet.cli import cli
 from kvfleet.operator.settings import OperatorSettings
 from kvfleet.router.cli import load_settings as load_router_settings
+from kvfleet.router.settings import RouterSettings
 
 from .conftest import CI_VALUES, NAMESPACE, objects, render
 
@@ -60,7 +61,8 @@ def build_settings(component: str, params: dict[str, Any]) -> object:
         return OperatorSettings.model_validate(values)
     if component == "router":
         assert params["kubernetes"] and not params["replicas"], "the chart's router discovers replicas in Kubernetes"
-        return load_router_settings(None, {"host": params["host"], "port": params["port"]})
+        keys = ("host", "port", "placement", "load_bound_slack_requests")
+        return load_router_settings(None, {k: params[k] for k in keys})
     options = {k: v for k, v in params.items() if k not in ("files", "verbose") and v is not None}
     return AutoscalerSettings(**options)
 
@@ -113,3 +115,14 @@ def test_operator_points_status_endpoint_at_this_router(port: int, url: str | No
     settings = build_settings("operator", params)
     assert isinstance(settings, OperatorSettings)
     assert settings.router_endpoint == (url or f"http://kvf-kvfleet-router.ml.svc:{port}/v1")
+
+
+@pytest.mark.parametrize(("placement", "slack"), [(True, 2), (False, 0)])
+def test_router_placement_values_reach_its_settings(placement: bool, slack: int) -> None:
+    docs = objects(render({"router": {"placement": placement, "loadBoundSlackRequests": slack}}))
+    spec = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
+    args = spec["spec"]["template"]["spec"]["containers"][0]["args"]
+    _, params, _ = parse(args)
+    settings = build_settings("router", params)
+    assert isinstance(settings, RouterSettings)
+    assert (settings.placement, settings.load_bound_slack_requests) == (placement, slack)
