@@ -33,7 +33,10 @@ def upstream_gomod(version: str) -> str:
     """The pinned k8s.io/kubernetes go.mod, fetched through the Go module proxy."""
     out = subprocess.run(
         ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
-        check=True, capture_output=True, text=True, cwd="/",
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd="/",
     ).stdout
     return Path(json.loads(out)["GoMod"]).read_text()
 
