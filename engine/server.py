@@ -210,7 +210,11 @@ class Handlers:
             self._check_model(body.model)
             core = engine.core
             messages = body.rendered_messages()
-            text = core.tokenizer.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
+            text = core.tokenizer.render_chat(
+                messages,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+            )
             prompt_ids = core.tokenizer.encode(text, add_special_tokens=False)
             max_tokens = body.requested_max_tokens() or core.default_max_tokens(len(prompt_ids))
             core.check_lengths(len(prompt_ids), max_tokens)
@@ -223,7 +227,13 @@ class Handlers:
 
     def _envelope(self, stream: RequestStream, chat: bool, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
-        return {"id": stream.request_id, "object": kind, "created": now_s(), "model": self.state.served_model_name}
+        # One creation time per response: every chunk of a stream carries the same one, as OpenAI's do.
+        return {
+            "id": stream.request_id,
+            "object": kind,
+            "created": stream.created_s,
+            "model": self.state.served_model_name,
+        }
 
     async def _collect(self, request: web.Request, stream: RequestStream, chat: bool) -> web.StreamResponse:
         parts: list[str] = []

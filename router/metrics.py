@@ -114,7 +114,21 @@ class RouterMetrics:
             "Attempts retried on another replica after failing before the first byte.",
             ["model"],
         )
+        self.migrations = CounterSeries(
+            "kvfleet_router_stream_migrations",
+            "Streams a replica broke after the first byte, by result: continued (on another replica), "
+            "completed_tail (only the end was missing), not_continuable, attempts_exhausted, timeout.",
+            ["model", "result"],
+        )
+        self.migration_gap = HistogramSeries(
+            "kvfleet_router_stream_migration_gap_seconds",
+            "From a replica breaking a stream to the continuation's first byte (the added time to next token).",
+            ["model"],
+            TTFT_BUCKETS_S,
+        )
         self._series: list[CounterSeries | HistogramSeries] = [
+            self.migrations,
+            self.migration_gap,
             self.requests,
             self.ttft,
             self.prefix_match,

@@ -86,6 +86,21 @@ class RouterSettings(BaseModel):
         le=10,
         description="Tries per request across replicas when a replica fails before the first response byte.",
     )
+    stream_migration_attempts: int = Field(
+        default=3,
+        ge=0,
+        le=10,
+        description=(
+            "Replicas tried to continue a streamed completion that its replica broke after the first byte "
+            "(0: no migration; the client gets an SSE error event and [DONE])."
+        ),
+    )
+    stream_migration_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="Longest time from a stream breaking to its continuation's first byte, all attempts together.",
+    )
     eject_after_failures: int = Field(
         default=3, ge=1, le=100, description="Consecutive failures that eject a replica (passive outlier detection)."
     )
