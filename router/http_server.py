@@ -78,6 +78,7 @@ class HttpRequest:
         "query",
         "raw_headers",
         "remote",
+        "target",
     )
 
     def __init__(
@@ -91,6 +92,7 @@ class HttpRequest:
         http_version: str,
         keep_alive: bool,
         remote: str,
+        target: str = "",
     ) -> None:
         self.method = method
         self.path = path
@@ -101,9 +103,13 @@ class HttpRequest:
         self.http_version = http_version
         self.keep_alive = keep_alive
         self.remote = remote
+        self.target = target  # as sent
 
     @property
     def path_qs(self) -> str:
+        """The origin-form target to forward: as sent when it is one (an empty query kept), else rebuilt."""
+        if self.target.startswith("/"):
+            return self.target
         return f"{self.path}?{self.query}" if self.query else self.path
 
 
@@ -231,6 +237,7 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._head_count = 0
         self._head_field_bytes = 0
+        self._after_head_bytes = 0
         self.head_started_s: float | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
@@ -265,13 +272,22 @@ class _Connection(asyncio.Protocol):
             cause = e.__context__
             if isinstance(cause, _HeadTooLarge):
                 self._refuse(431, f"request head has {cause}")
+            elif isinstance(cause, _Refusal):
+                self._refuse(cause.status, str(cause))
             else:
                 self._refuse(400, f"malformed HTTP request: {e}")
             return
         except httptools.HttpParserError as e:
             self._refuse(400, f"malformed HTTP request: {e}")
             return
-        if not self._in_head or self.closed:
+        if self.closed:
+            return
+        if not self._in_head:
+            # Body, chunk framing and trailers: llhttp buffers a trailer field whole, so the bytes
+            # after the head are bounded as a dropped over-limit body is.
+            self._after_head_bytes += len(data)
+            if self._after_head_bytes > DISCARD_LIMIT_BYTES:
+                self._refuse(413, "request body is larger than the router's limit")
             return
         if self.head_started_s is None:
             self.head_started_s = now_s
@@ -318,6 +334,13 @@ class _Connection(asyncio.Protocol):
             raise _HeadTooLarge(f"a request target over the limit of {self.server.settings.max_head_bytes} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            # A chunked body's trailer field: dropped, never merged into the headers forwarded (a client
+            # could otherwise slip in a header past whatever checked the head). Still counted and bounded.
+            self._head_count += 1
+            if self._head_count > self.server.settings.max_headers:
+                raise _HeadTooLarge(f"more than {self.server.settings.max_headers} header and trailer fields")
+            return
         # Checked here too, not only per read: a whole head can arrive in one read.
         self._head_count += 1
         self._head_field_bytes += len(name) + len(value) + 4
@@ -333,16 +356,29 @@ class _Connection(asyncio.Protocol):
         self._in_head = False
         self._boundary_now = True
         self._head_bytes = 0
+        self._after_head_bytes = 0
         self.head_started_s = None
         self._keep_alive = self._parser.should_keep_alive()  # asked now: llhttp forgets it after the message
         length = None
         expect = False
+        hosts = 0
         for name, value in self._headers:
             lower = name.lower()
             if lower == b"content-length" and value.isdigit():
                 length = int(value)
             elif lower == b"expect" and value.lower() == b"100-continue":
                 expect = True
+            elif lower == b"host":
+                hosts += 1
+            elif lower == b"transfer-encoding" and value.strip(b" \t").lower() != b"chunked":
+                # Only chunked is decoded here; forwarding a body in another coding without saying so
+                # would have the replica misread it (RFC 9112 6.1: 501).
+                raise _Refusal(501, f"transfer coding {value.decode('latin-1')!r} is not supported (only chunked)")
+        # RFC 9112 3.2: an HTTP/1.1 request without exactly one Host gets 400 (and h11 refuses it too).
+        if hosts > 1 or (hosts == 0 and self._parser.get_http_version() == "1.1"):
+            raise _Refusal(400, "an HTTP/1.1 request needs exactly one Host header")
+        if b"#" in self._url:
+            raise _Refusal(400, "a request target must not contain a fragment ('#')")
         if length is not None and length > self.server.settings.max_body_bytes:
             self._too_large = True
             if length > DISCARD_LIMIT_BYTES:  # not worth reading to answer politely
@@ -379,6 +415,7 @@ class _Connection(asyncio.Protocol):
             self._parser.get_http_version(),
             self._keep_alive,
             self._remote,
+            self._url.decode("latin-1"),
         )
         self._headers = []
         self._body = []
@@ -501,6 +538,14 @@ class _ClientGone(Exception):
 
 class _HeadTooLarge(Exception):
     """A request head went past a bound while llhttp was parsing it."""
+
+
+class _Refusal(Exception):
+    """A request head llhttp accepts but the server refuses, with the status to answer."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 class _ConnectionSet(set["_Connection"]):
