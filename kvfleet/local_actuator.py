@@ -119,7 +119,6 @@ class DeploymentProcesses:
         for replica in old:
             if replica.state != "ready" or self._closing:
                 continue  # died or drained meanwhile: the reconcile loop has replaced it already
-            before = set(self.replicas)
             self._surge = 1
             self._wake.set()
             budget_s = (
@@ -127,7 +126,8 @@ class DeploymentProcesses:
             )
             deadline_s = self.clock() + budget_s
             try:
-                while not any(r.state == "ready" for k, r in self.replicas.items() if k not in before):
+                # Ready without the old one: draining it then leaves ``desired`` ready (maxUnavailable 0).
+                while sum(r.state == "ready" and r is not replica for r in self.replicas.values()) < self.desired:
                     if self.clock() > deadline_s or self._closing:
                         raise ProcessStartError(f"rolling restart: no new replica ready within {budget_s:g} s")
                     await asyncio.sleep(self.settings.health_poll_interval_s)

@@ -61,6 +61,8 @@ _HOP_BY_HOP = frozenset(
 _NOT_FORWARDED = _HOP_BY_HOP | {"expect"}
 _HOP_BY_HOP_RAW = frozenset(name.encode() for name in _HOP_BY_HOP)
 _NOT_FORWARDED_RAW = frozenset(name.encode() for name in _NOT_FORWARDED | {"x-forwarded-for"})
+# First wait before retrying on a replica that already failed this request; doubles per attempt.
+RETRY_BACKOFF_S = 0.25
 # The HTTP code counted for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
 
@@ -209,6 +211,14 @@ class Proxy:
             lease = self._fleet.try_acquire(model, hashes, exclude) or await self._fleet.acquire(model, hashes, exclude)
             if attempt:
                 self._metrics.retries.inc((model,))
+                if lease.replica_id in tried:
+                    # Only replicas that just failed are left (one died and the source has not dropped it
+                    # yet): back off a little so the retry does not land in the same instant.
+                    try:
+                        await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+                    except BaseException:
+                        lease.release("aborted")
+                        raise
             try:
                 upstream, first = await self._attempt(lease, request.path_qs, request.body, headers)
             except UpstreamAttemptError as e:
@@ -384,6 +394,7 @@ class Proxy:
         resume.tried.add(broken_by)
         deadline_s = self._clock() + self._settings.stream_migration_timeout_s
         attempts = 0
+        broke_s = self._clock()
         why = f"replica {broken_by} broke the stream ({type(error).__name__})"
         while True:
             so_far = progress(b"".join(sent), chat=chat)
@@ -413,7 +424,6 @@ class Proxy:
                 result, why = "timeout", f"{why}; no continuation within {limit_s:g} s"
                 break
             attempts += 1
-            broke_s = self._clock()
             raw = json.dumps(plan.body).encode()
             exclude = frozenset(resume.tried)
             try:
@@ -441,14 +451,25 @@ class Proxy:
                 resume.tried.add(lease.replica_id)
                 why = f"{why}; attempt {attempts}: replica {lease.replica_id} answered {upstream.status}"
                 continue
-            self._metrics.migration_gap.observe((model,), self._clock() - broke_s)
+            gap_s = self._clock() - broke_s
+            self._metrics.migration_gap.observe((model,), gap_s)
             self._metrics.migrations.inc((model, "continued"))
-            log.info("stream of %s continued on %s after %d chars (%s)", model, lease.replica_id, len(so_far.text), why)
+            log.info(
+                "stream %s of %s continued on %s after %d chars, %.3f s after the break (%s)",
+                so_far.response_id or "-",
+                model,
+                lease.replica_id,
+                len(so_far.text),
+                gap_s,
+                why,
+                extra={"stream_id": so_far.response_id, "gap_s": gap_s},
+            )
             splitter = EventSplitter(self._settings.sse_max_pending_bytes)
             try:
                 await self._pump(responder, lease, upstream, first, splitter, sent, Splicer(so_far, chat=chat))
             except UpstreamIOError as e:
                 splitter.discard()
+                broke_s = self._clock()
                 resume.tried.add(lease.replica_id)
                 why = f"replica {lease.replica_id} broke the continued stream ({type(e).__name__})"
                 continue
