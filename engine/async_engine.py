@@ -48,6 +48,7 @@ class RequestStream:
 
     def __init__(self, engine: AsyncEngine, request_id: str) -> None:
         self.request_id = request_id
+        self.created_s = int(time.time())  # the response's "created", the same in every chunk
         self.finished = False
         self._engine = engine
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvfleet.engine.errors import InvalidRequestError
 from kvfleet.engine.sampling import SamplingParams
@@ -137,6 +137,18 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     add_generation_prompt: bool = True
+    # Continue the final (assistant) message instead of starting a new one, as vLLM does: how the
+    # router resumes a stream on another replica.
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _continuation(self) -> ChatCompletionRequest:
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+            if self.messages[-1].role != "assistant":
+                raise ValueError("continue_final_message needs the last message to be the assistant's")
+        return self
 
     def rendered_messages(self) -> list[dict[str, Any]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]

@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvfleet.engine.async_engine import AsyncEngine, RequestStream
+from kvfleet.engine.connection_guard import GuardedTCPSite, GuardSettings
 from kvfleet.engine.engine_core import EngineCore, RequestOutput, load_engine_core
 from kvfleet.engine.errors import (
     DrainingError,
@@ -209,7 +210,11 @@ class Handlers:
             self._check_model(body.model)
             core = engine.core
             messages = body.rendered_messages()
-            text = core.tokenizer.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
+            text = core.tokenizer.render_chat(
+                messages,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+            )
             prompt_ids = core.tokenizer.encode(text, add_special_tokens=False)
             max_tokens = body.requested_max_tokens() or core.default_max_tokens(len(prompt_ids))
             core.check_lengths(len(prompt_ids), max_tokens)
@@ -222,7 +227,13 @@ class Handlers:
 
     def _envelope(self, stream: RequestStream, chat: bool, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
-        return {"id": stream.request_id, "object": kind, "created": now_s(), "model": self.state.served_model_name}
+        # One creation time per response: every chunk of a stream carries the same one, as OpenAI's do.
+        return {
+            "id": stream.request_id,
+            "object": kind,
+            "created": stream.created_s,
+            "model": self.state.served_model_name,
+        }
 
     async def _collect(self, request: web.Request, stream: RequestStream, chat: bool) -> web.StreamResponse:
         parts: list[str] = []
@@ -318,17 +329,42 @@ def create_app(state: ServerState) -> web.Application:
     return app
 
 
+async def start_site(app: web.Application, settings: ServerSettings) -> tuple[web.AppRunner, GuardedTCPSite]:
+    """Listen with the front-end bounds: aiohttp's own line and field limits are set to the guard's,
+    so the guard (which sees the bytes first) is the one that answers, with 431."""
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        max_line_size=settings.max_head_bytes,
+        max_field_size=settings.max_head_bytes,
+        max_headers=settings.max_headers,
+    )
+    await runner.setup()
+    guard = GuardSettings(
+        max_head_bytes=settings.max_head_bytes,
+        max_headers=settings.max_headers,
+        head_timeout_s=settings.head_timeout_s,
+        max_connections=settings.max_connections,
+        max_connections_per_client=settings.max_connections_per_client,
+    )
+    site = GuardedTCPSite(runner, settings.host, settings.port, guard)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, site
+
+
 async def serve(model_dir: Path, engine_settings: EngineSettings, server_settings: ServerSettings) -> int:
     """Run until SIGTERM/SIGINT, then drain: refuse new work with 503, finish in-flight requests,
     return 0. A second signal exits at once."""
     served = server_settings.served_model_name or str(model_dir)
     metrics = EngineMetrics(served)
     state = ServerState(server_settings, served, metrics)
-    runner = web.AppRunner(create_app(state), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, server_settings.host, server_settings.port)
-    await site.start()
-    port = runner.addresses[0][1] if runner.addresses else server_settings.port
+    runner, site = await start_site(create_app(state), server_settings)
+    port = site.port
     print(f"kvfleet engine: listening on http://{server_settings.host}:{port} (loading {model_dir})", flush=True)
 
     loop = asyncio.get_running_loop()

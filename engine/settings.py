@@ -81,6 +81,13 @@ class ServerSettings:
     disconnect_poll_s: float = 0.25
     # Largest request body accepted.
     max_request_bytes: int = 8 * 1024 * 1024
+    # Front-end bounds, the router's (engine/connection_guard.py): a larger head or more header
+    # fields get 431, a head slower than head_timeout_s gets 408, connections past the caps 503.
+    max_head_bytes: int = 32 * 1024
+    max_headers: int = 100
+    head_timeout_s: float = 60.0
+    max_connections: int = 4096
+    max_connections_per_client: int = 4096
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
@@ -88,3 +95,12 @@ class ServerSettings:
         _require(1 <= self.retry_after_s <= 3600, "retry_after_s", "must be in [1, 3600]")
         _require(0 < self.disconnect_poll_s <= 10, "disconnect_poll_s", "must be in (0, 10]")
         _require(1024 <= self.max_request_bytes <= 1 << 30, "max_request_bytes", "must be in [1 KiB, 1 GiB]")
+        _require(1024 <= self.max_head_bytes <= 1 << 20, "max_head_bytes", "must be in [1 KiB, 1 MiB]")
+        _require(8 <= self.max_headers <= 10_000, "max_headers", "must be in [8, 10000]")
+        _require(0 < self.head_timeout_s <= 3600, "head_timeout_s", "must be in (0, 3600]")
+        _require(1 <= self.max_connections <= 1_000_000, "max_connections", "must be in [1, 1000000]")
+        _require(
+            1 <= self.max_connections_per_client <= 1_000_000,
+            "max_connections_per_client",
+            "must be in [1, 1000000]",
+        )

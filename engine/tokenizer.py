@@ -75,7 +75,32 @@ class ModelTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
-    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The chat as prompt text. ``continue_final_message``: cut after the final message's content, so
+        generation continues it (what transformers' ``apply_chat_template`` and vLLM do)."""
+        text = self._render(messages, add_generation_prompt=add_generation_prompt and not continue_final_message)
+        if not continue_final_message:
+            return text
+        final = str(messages[-1].get("content") or "")
+        if not final:
+            # Nothing to continue from: the start of an assistant turn is what the template renders for it.
+            text = self._render(messages[:-1], add_generation_prompt=True)
+            return text
+        at = text.rfind(final)
+        if at < 0:
+            raise InvalidRequestError(
+                "continue_final_message: the chat template does not render the final message's text as is",
+                param="messages",
+            )
+        return text[: at + len(final)]
+
+    def _render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
         if self.chat_template is None:
             raise InvalidRequestError(
                 "this model has no chat_template in tokenizer_config.json; use /v1/completions", param="messages"

@@ -69,5 +69,15 @@ class LauncherSettings:
         values: dict[str, object] = {}
         if environ.get("KVFLEET_NODE_CACHE"):
             values["node_cache_dir"] = Path(environ["KVFLEET_NODE_CACHE"])
+        if environ.get("KVFLEET_DRAIN_TIMEOUT_S"):
+            # The pod's drain budget (the operator renders it with terminationGracePeriodSeconds): a
+            # shorter wait here would SIGKILL streams the pod still had time to finish.
+            try:
+                grace_s = float(environ["KVFLEET_DRAIN_TIMEOUT_S"])
+            except ValueError:
+                raise ValueError(
+                    f"KVFLEET_DRAIN_TIMEOUT_S must be a number of seconds, got {environ['KVFLEET_DRAIN_TIMEOUT_S']!r}"
+                ) from None
+            values["stop"] = StopSettings(grace_s=grace_s)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -98,6 +98,8 @@ class DeploymentProcesses:
     _counter: int = 0
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _closing: bool = False
+    # Replicas started above ``desired`` while a rolling restart replaces an old one (maxSurge 1).
+    _surge: int = 0
 
     # -- the actuator's interface -------------------------------------------------------------
     def set_desired(self, replicas: int, reason: str) -> None:
@@ -106,6 +108,42 @@ class DeploymentProcesses:
             self._event(f"desired {self.desired} -> {replicas}: {reason}")
         self.desired, self.desired_reason = replicas, reason
         self._wake.set()
+
+    async def rolling_restart(self, reason: str) -> None:
+        """Replace every ready replica, one at a time, as a Deployment's RollingUpdate with maxSurge 1
+        and maxUnavailable 0 does: start a new replica, and once it is ready drain an old one (no new
+        requests; in-flight ones finish, up to ``drain_wait_s``, then SIGTERM). Serving capacity never
+        drops below ``desired``. Raises ``ProcessStartError`` when a new replica does not become ready."""
+        old = [r for r in sorted(self.replicas.values(), key=lambda r: r.started_at_s) if r.state == "ready"]
+        self._event(f"rolling restart of {len(old)} replicas: {reason}")
+        for replica in old:
+            if replica.state != "ready" or self._closing:
+                continue  # died or drained meanwhile: the reconcile loop has replaced it already
+            self._surge = 1
+            self._wake.set()
+            budget_s = (
+                self.settings.ready_timeout_s * self.settings.start_attempts + 5 * self.settings.restart_backoff_max_s
+            )
+            deadline_s = self.clock() + budget_s
+            try:
+                # Ready without the old one: draining it then leaves ``desired`` ready (maxUnavailable 0).
+                while sum(r.state == "ready" and r is not replica for r in self.replicas.values()) < self.desired:
+                    if self.clock() > deadline_s or self._closing:
+                        raise ProcessStartError(f"rolling restart: no new replica ready within {budget_s:g} s")
+                    await asyncio.sleep(self.settings.health_poll_interval_s)
+            finally:
+                self._surge = 0
+            if replica.state != "ready":
+                continue
+            # In the same step as dropping the surge, so the reconcile loop sees ``desired`` live replicas.
+            self._event(f"drain {replica.replica_id}: rolling restart")
+            replica.state = "draining"
+            previous = replica.task
+            replica.task = drain = asyncio.create_task(
+                self._drain(replica, previous), name=f"drain-{replica.replica_id}"
+            )
+            await asyncio.shield(drain)
+        self._event("rolling restart done")
 
     def snapshot(self) -> list[ReplicaSnapshot]:
         now = self.clock()
@@ -143,7 +181,7 @@ class DeploymentProcesses:
             ReplicaView(r.replica_id, r.state, self.registry.inflight(self.name, r.replica_id), r.started_at_s)
             for r in self.replicas.values()
         ]
-        plan = plan_scale(views, self.desired, self.max_replicas)
+        plan = plan_scale(views, self.desired + self._surge, self.max_replicas + self._surge)
         for replica_id in plan.drain:
             self._event(f"drain {replica_id}: {plan.reason}")
             replica = self.replicas[replica_id]

@@ -394,6 +394,10 @@ class LocalRuntime:
             if run.model.release is not None:
                 run.model.release()
 
+    async def rolling_restart(self, reason: str) -> None:
+        """Replace every deployment's engines one at a time, draining each old one (no request lost)."""
+        await asyncio.gather(*(run.processes.rolling_restart(reason) for run in self.runs.values()))
+
     def kill_all(self) -> None:
         for run in self.runs.values():
             run.processes.kill_all()
@@ -421,6 +425,20 @@ async def run_until_signalled(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     runtime = LocalRuntime(deployments, settings)
+    restarts: set[asyncio.Task[None]] = set()
+
+    def on_hangup() -> None:
+        # SIGHUP: a rolling restart of the engines (new binaries or weights on disk), as a Deployment rollout.
+        task = asyncio.create_task(runtime.rolling_restart("SIGHUP"))
+        restarts.add(task)
+        task.add_done_callback(restart_done)
+
+    def restart_done(task: asyncio.Task[None]) -> None:
+        restarts.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            console.print(f"kvfleet local: rolling restart stopped: {task.exception()}")
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     try:
         await runtime.start()
         model = deployments[0].served_name
@@ -447,6 +465,7 @@ async def run_until_signalled(
             await runtime.stop(force)
         finally:
             runtime.kill_all()
+            loop.remove_signal_handler(signal.SIGHUP)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
     return 0

@@ -66,10 +66,13 @@ def _env_var(var: EnvVar) -> dict[str, Any]:
     return {"name": var.name, "valueFrom": {"configMapKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def _env(spec: InferenceDeploymentSpec) -> list[dict[str, Any]]:
+def _env(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "KVFLEET_NODE_CACHE", "value": names.NODE_CACHE_MOUNT},
         {"name": "KVFLEET_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # The launcher (PID 1) waits this long for the engine's drain after SIGTERM before killing it:
+        # the same budget terminationGracePeriodSeconds gives after the preStop sleep.
+        {"name": "KVFLEET_DRAIN_TIMEOUT_S", "value": str(settings.drain_timeout_s)},
     ]
     cache = spec.cache
     if cache.s3_endpoint is not None:
@@ -188,7 +191,7 @@ def render_pod_template(name: str, spec: InferenceDeploymentSpec, settings: Oper
             {"name": "http", "containerPort": settings.engine_port, "protocol": "TCP"},
             {"name": "launcher", "containerPort": settings.launcher_port, "protocol": "TCP"},
         ],
-        "env": _env(spec),
+        "env": _env(spec, settings),
         "volumeMounts": mounts,
         "startupProbe": _probe(settings, period, startup_failures),
         # Readiness reacts fast: a draining engine answers 503 and must leave the endpoints quickly.

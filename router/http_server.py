@@ -12,6 +12,11 @@ proxy's front end needs and no more:
 - whole responses in one write, or streamed ones (chunked framing) with flow control;
 - a client that goes away cancels its handler, so the upstream request is cancelled too;
 - idle connections closed after ``keepalive_timeout_s``; a malformed request gets 400 and a close;
+- bounds against hostile clients (nginx-like defaults, see ``HttpServerSettings``): a request head over
+  ``max_head_bytes`` or with more than ``max_headers`` header fields gets 431 and a close; a head not
+  complete ``head_timeout_s`` after its first byte gets 408 and a close (slowloris); connections past
+  ``max_connections`` in total or ``max_connections_per_client`` from one address are answered 503 and
+  closed at once, before anything is read;
 - ``close`` stops listening, lets in-flight requests finish for a grace period, then cancels them.
 
 The application is one ``Handler``: ``async (HttpRequest, Responder) -> None``.
@@ -36,15 +41,28 @@ log = logging.getLogger(__name__)
 
 # Complete requests queued on one connection before reading from it pauses (pipelining bound).
 MAX_PIPELINED = 16
+# How long a refused connection's further input is read and dropped before it is closed.
+LINGER_S = 1.0
 # Bytes of an over-limit body read and dropped before the connection is closed instead.
 DISCARD_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class HttpServerSettings:
+    """The front end's bounds. The defaults follow nginx: 4 x 8 KiB header buffers (32 KiB of head),
+    ``client_header_timeout 60s``; 100 header fields is Apache's ``LimitRequestFields``."""
+
     max_body_bytes: int
     keepalive_timeout_s: float
     shutdown_timeout_s: float
+    # Request line plus header fields, as received: llhttp buffers an unfinished header whole, so this
+    # is what bounds the memory a client can make a connection hold before its request is complete.
+    max_head_bytes: int = 32 * 1024
+    max_headers: int = 100
+    # From a head's first byte to its end: a client dripping a head byte by byte is cut off (slowloris).
+    head_timeout_s: float = 60.0
+    max_connections: int = 8192
+    max_connections_per_client: int = 1024
 
 
 class HttpRequest:
@@ -60,6 +78,7 @@ class HttpRequest:
         "query",
         "raw_headers",
         "remote",
+        "target",
     )
 
     def __init__(
@@ -73,6 +92,7 @@ class HttpRequest:
         http_version: str,
         keep_alive: bool,
         remote: str,
+        target: str = "",
     ) -> None:
         self.method = method
         self.path = path
@@ -83,9 +103,13 @@ class HttpRequest:
         self.http_version = http_version
         self.keep_alive = keep_alive
         self.remote = remote
+        self.target = target  # as sent
 
     @property
     def path_qs(self) -> str:
+        """The origin-form target to forward: as sent when it is one (an empty query kept), else rebuilt."""
+        if self.target.startswith("/"):
+            return self.target
         return f"{self.path}?{self.query}" if self.query else self.path
 
 
@@ -207,6 +231,14 @@ class _Connection(asyncio.Protocol):
         self._body_bytes = 0
         self._too_large = False
         self._keep_alive = True
+        # Head bounds: bytes and fields of the head being received, and when its first byte came.
+        self._in_head = True
+        self._boundary_now = False
+        self._head_bytes = 0
+        self._head_count = 0
+        self._head_field_bytes = 0
+        self._after_head_bytes = 0
+        self.head_started_s: float | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -215,24 +247,63 @@ class _Connection(asyncio.Protocol):
         self.last_activity_s = self.server.loop.time()
         peer = transport.get_extra_info("peername")
         self._remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        refusal = self.server.admit(self._remote)
+        if refusal is not None:
+            self._refuse(503, refusal)
+            return
+        self.server.connections.add(self)
+        self.server.count_client(self._remote, +1)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):  # not TCP (a Unix socket): nothing to disable
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        self.last_activity_s = self.server.loop.time()
+        if self.closed:
+            return
+        now_s = self.last_activity_s = self.server.loop.time()
+        self._boundary_now = False
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._refuse(501, "protocol upgrades are not supported")
+            return
+        except httptools.HttpParserCallbackError as e:
+            cause = e.__context__
+            if isinstance(cause, _HeadTooLarge):
+                self._refuse(431, f"request head has {cause}")
+            elif isinstance(cause, _Refusal):
+                self._refuse(cause.status, str(cause))
+            else:
+                self._refuse(400, f"malformed HTTP request: {e}")
+            return
         except httptools.HttpParserError as e:
             self._refuse(400, f"malformed HTTP request: {e}")
+            return
+        if self.closed:
+            return
+        if not self._in_head:
+            # Body, chunk framing and trailers: llhttp buffers a trailer field whole, so the bytes
+            # after the head are bounded as a dropped over-limit body is.
+            self._after_head_bytes += len(data)
+            if self._after_head_bytes > DISCARD_LIMIT_BYTES:
+                self._refuse(413, "request body is larger than the router's limit")
+            return
+        if self.head_started_s is None:
+            self.head_started_s = now_s
+        # Still inside a head. Its bytes are all of this read unless a message part ended in it (then the
+        # head began inside it, at an offset llhttp does not report: counted from the next read on, so a
+        # head can overshoot the bound by at most one read, 256 KiB).
+        if not self._boundary_now:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.server.settings.max_head_bytes:
+                limit = self.server.settings.max_head_bytes
+                self._refuse(431, f"request head is larger than the limit of {limit} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.server.connections.discard_if_present(self):
+            self.server.count_client(self._remote, -1)
         self.closed = True
-        self.server.connections.discard(self)
         self._pending.clear()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client is gone: stop its request (and the upstream one with it)
@@ -248,6 +319,9 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_count = 0
+        self._head_field_bytes = 0
         self._url = b""
         self._headers = []
         self._body = []
@@ -256,20 +330,55 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > self.server.settings.max_head_bytes:
+            raise _HeadTooLarge(f"a request target over the limit of {self.server.settings.max_head_bytes} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            # A chunked body's trailer field: dropped, never merged into the headers forwarded (a client
+            # could otherwise slip in a header past whatever checked the head). Still counted and bounded.
+            self._head_count += 1
+            if self._head_count > self.server.settings.max_headers:
+                raise _HeadTooLarge(f"more than {self.server.settings.max_headers} header and trailer fields")
+            return
+        # Checked here too, not only per read: a whole head can arrive in one read.
+        self._head_count += 1
+        self._head_field_bytes += len(name) + len(value) + 4
+        settings = self.server.settings
+        if self._head_count > settings.max_headers:
+            # Raised through llhttp so it stops parsing; data_received answers it.
+            raise _HeadTooLarge(f"more than {settings.max_headers} header fields")
+        if self._head_field_bytes + len(self._url) > settings.max_head_bytes:
+            raise _HeadTooLarge(f"header fields over the limit of {settings.max_head_bytes} bytes")
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._boundary_now = True
+        self._head_bytes = 0
+        self._after_head_bytes = 0
+        self.head_started_s = None
         self._keep_alive = self._parser.should_keep_alive()  # asked now: llhttp forgets it after the message
         length = None
         expect = False
+        hosts = 0
         for name, value in self._headers:
             lower = name.lower()
             if lower == b"content-length" and value.isdigit():
                 length = int(value)
             elif lower == b"expect" and value.lower() == b"100-continue":
                 expect = True
+            elif lower == b"host":
+                hosts += 1
+            elif lower == b"transfer-encoding" and value.strip(b" \t").lower() != b"chunked":
+                # Only chunked is decoded here; forwarding a body in another coding without saying so
+                # would have the replica misread it (RFC 9112 6.1: 501).
+                raise _Refusal(501, f"transfer coding {value.decode('latin-1')!r} is not supported (only chunked)")
+        # RFC 9112 3.2: an HTTP/1.1 request without exactly one Host gets 400 (and h11 refuses it too).
+        if hosts > 1 or (hosts == 0 and self._parser.get_http_version() == "1.1"):
+            raise _Refusal(400, "an HTTP/1.1 request needs exactly one Host header")
+        if b"#" in self._url:
+            raise _Refusal(400, "a request target must not contain a fragment ('#')")
         if length is not None and length > self.server.settings.max_body_bytes:
             self._too_large = True
             if length > DISCARD_LIMIT_BYTES:  # not worth reading to answer politely
@@ -289,6 +398,7 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._boundary_now = True
         if self._parser.should_upgrade():
             return  # HttpParserUpgrade follows: refused in data_received
         url = httptools.parse_url(self._url) if self._url else None
@@ -305,6 +415,7 @@ class _Connection(asyncio.Protocol):
             self._parser.get_http_version(),
             self._keep_alive,
             self._remote,
+            self._url.decode("latin-1"),
         )
         self._headers = []
         self._body = []
@@ -387,8 +498,15 @@ class _Connection(asyncio.Protocol):
         if self.idle() and self.transport is not None:
             self.transport.close()
 
+    def head_timed_out(self, timeout_s: float) -> None:
+        self.head_started_s = None
+        self._refuse(408, f"request head not complete within {timeout_s:g} s")
+
     def _refuse(self, status: int, reason: str) -> None:
         """Answer a request that cannot be parsed or read, then close (the stream cannot be trusted)."""
+        refusals = self.server.refusals
+        refusals[status] = refusals.get(status, 0) + 1
+        log.info("refused a request from %s: %d %s", self._remote or "-", status, reason)
         self._pending.clear()
         if self.transport is None or self.transport.is_closing():
             return
@@ -398,14 +516,44 @@ class _Connection(asyncio.Protocol):
             f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         ).encode("latin-1")
-        if self._task is None:  # never interleave with a response being written
-            self.transport.write(head + body)
-        self.transport.close()
+        if self._task is not None:  # never interleave with a response being written
+            self.transport.close()
+            self.closed = True
+            return
+        self.transport.write(head + body)
         self.closed = True
+        if status == 503 or not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        # Lingering close (as nginx does): send FIN after the answer and read and drop what the client
+        # is still sending for a while. Closing with unread input sends RST, which can destroy the
+        # answer before the client reads it.
+        self.transport.write_eof()
+        self.server.loop.call_later(LINGER_S, self.transport.close)
 
 
 class _ClientGone(Exception):
     """The client connection closed while its response was being written."""
+
+
+class _HeadTooLarge(Exception):
+    """A request head went past a bound while llhttp was parsing it."""
+
+
+class _Refusal(Exception):
+    """A request head llhttp accepts but the server refuses, with the status to answer."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class _ConnectionSet(set["_Connection"]):
+    def discard_if_present(self, conn: _Connection) -> bool:
+        if conn in self:
+            self.remove(conn)
+            return True
+        return False
 
 
 class HttpServer:
@@ -414,7 +562,10 @@ class HttpServer:
     def __init__(self, handler: Handler, settings: HttpServerSettings) -> None:
         self.handler = handler
         self.settings = settings
-        self.connections: set[_Connection] = set()
+        self.connections = _ConnectionSet()
+        self.per_client: dict[str, int] = {}
+        # Requests and connections refused before reaching the handler, by HTTP status (for metrics).
+        self.refusals: dict[int, int] = {}
         self.closing = False
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -429,14 +580,35 @@ class HttpServer:
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._schedule_sweep()
 
+    def admit(self, remote: str) -> str | None:
+        """Why a new connection from ``remote`` is refused, or None to accept it."""
+        if len(self.connections) >= self.settings.max_connections:
+            return f"the server holds its limit of {self.settings.max_connections} connections"
+        if self.per_client.get(remote, 0) >= self.settings.max_connections_per_client:
+            return f"{remote} holds the limit of {self.settings.max_connections_per_client} connections per client"
+        return None
+
+    def count_client(self, remote: str, delta: int) -> None:
+        count = self.per_client.get(remote, 0) + delta
+        if count > 0:
+            self.per_client[remote] = count
+        else:
+            self.per_client.pop(remote, None)
+
     def _schedule_sweep(self) -> None:
-        # One timer for all connections (not one per request): idle ones are closed within 1.5x the timeout.
-        self._sweeper = self.loop.call_later(self.settings.keepalive_timeout_s / 2, self._sweep)
+        # One timer for all connections (not one per request): idle ones are closed within 1.5x the
+        # keep-alive timeout, and heads that take too long within 1.5x the head timeout.
+        interval_s = min(self.settings.keepalive_timeout_s, self.settings.head_timeout_s) / 2
+        self._sweeper = self.loop.call_later(interval_s, self._sweep)
 
     def _sweep(self) -> None:
-        cutoff_s = self.loop.time() - self.settings.keepalive_timeout_s
+        now_s = self.loop.time()
+        cutoff_s = now_s - self.settings.keepalive_timeout_s
+        head_cutoff_s = now_s - self.settings.head_timeout_s
         for conn in list(self.connections):
-            if conn.last_activity_s < cutoff_s:
+            if conn.head_started_s is not None and conn.head_started_s < head_cutoff_s:
+                conn.head_timed_out(self.settings.head_timeout_s)
+            elif conn.last_activity_s < cutoff_s:
                 conn.close_if_idle()
         if not self.closing:
             self._schedule_sweep()

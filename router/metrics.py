@@ -119,7 +119,21 @@ class RouterMetrics:
             "Picks whose prompt had a placement home (where its conversation or document starts was known).",
             ["model"],
         )
+        self.migrations = CounterSeries(
+            "kvfleet_router_stream_migrations",
+            "Streams a replica broke after the first byte, by result: continued (on another replica), "
+            "completed_tail (only the end was missing), not_continuable, attempts_exhausted, timeout.",
+            ["model", "result"],
+        )
+        self.migration_gap = HistogramSeries(
+            "kvfleet_router_stream_migration_gap_seconds",
+            "From a replica breaking a stream to the continuation's first byte (the added time to next token).",
+            ["model"],
+            TTFT_BUCKETS_S,
+        )
         self._series: list[CounterSeries | HistogramSeries] = [
+            self.migrations,
+            self.migration_gap,
             self.requests,
             self.ttft,
             self.prefix_match,
@@ -136,6 +150,12 @@ class RouterMetrics:
         the router's CPU per request, and a replica that leaves simply stops being reported.
         """
         self.registry.register(_InflightCollector(inflight))
+
+    def track_front_end(self, refusals: Callable[[], dict[int, int]], connections: Callable[[], int]) -> None:
+        """Export ``kvfleet_router_front_end_refusals{code}`` (requests and connections the HTTP server
+        refused before the proxy saw them: 400 malformed, 408 slow head, 413, 431, 503 connection cap)
+        and ``kvfleet_router_client_connections``, read when scraped."""
+        self.registry.register(_FrontEndCollector(refusals, connections))
 
     def forget_model(self, model: str) -> None:
         for series in self._series:
@@ -174,3 +194,20 @@ class _InflightCollector(Collector):
             waiting.add_metric([model, replica_id], awaiting)
         yield family
         yield waiting
+
+
+class _FrontEndCollector(Collector):
+    def __init__(self, refusals: Callable[[], dict[int, int]], connections: Callable[[], int]) -> None:
+        self._refusals = refusals
+        self._connections = connections
+
+    def collect(self) -> Iterator[Metric]:
+        refused = CounterMetricFamily(
+            "kvfleet_router_front_end_refusals",
+            "Requests and connections refused by the HTTP front end before routing, by HTTP status.",
+            labels=["code"],
+        )
+        for code, count in sorted(self._refusals().items()):
+            refused.add_metric([str(code)], count)
+        yield refused
+        yield GaugeMetricFamily("kvfleet_router_client_connections", "Open client connections.", self._connections())

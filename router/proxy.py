@@ -23,6 +23,7 @@ from kvfleet.router.errors import (
 from kvfleet.router.fleet import Fleet, Lease
 from kvfleet.router.http_server import Handler, Headers, HttpRequest, Responder
 from kvfleet.router.metrics import RouterMetrics
+from kvfleet.router.migration import CHAT_PATH, Splicer, continuation, finish_event, progress
 from kvfleet.router.prompt import block_hashes, render_prompt
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.sse import EventSplitter, error_event
@@ -60,6 +61,8 @@ _HOP_BY_HOP = frozenset(
 _NOT_FORWARDED = _HOP_BY_HOP | {"expect"}
 _HOP_BY_HOP_RAW = frozenset(name.encode() for name in _HOP_BY_HOP)
 _NOT_FORWARDED_RAW = frozenset(name.encode() for name in _NOT_FORWARDED | {"x-forwarded-for"})
+# First wait before retrying on a replica that already failed this request; doubles per attempt.
+RETRY_BACKOFF_S = 0.25
 # The HTTP code counted for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
 
@@ -177,7 +180,7 @@ class Proxy:
                 block_chars=block_chars,
                 max_blocks=self._settings.max_prompt_blocks,
             )
-            code = await self._forward(request, responder, model, hashes, started_s)
+            code = await self._forward(request, responder, model, hashes, started_s, body)
         except RouterError as e:
             code = e.status
             if e.status >= 500:
@@ -190,7 +193,13 @@ class Proxy:
             self._metrics.requests.inc((model_label, str(code)))
 
     async def _forward(
-        self, request: HttpRequest, responder: Responder, model: str, hashes: list[int], started_s: float
+        self,
+        request: HttpRequest,
+        responder: Responder,
+        model: str,
+        hashes: list[int],
+        started_s: float,
+        body: dict[str, Any],
     ) -> int:
         """Send to a replica (retrying elsewhere while nothing was relayed) and relay; returns the status."""
         headers = _forward_headers(request)
@@ -202,6 +211,14 @@ class Proxy:
             lease = self._fleet.try_acquire(model, hashes, exclude) or await self._fleet.acquire(model, hashes, exclude)
             if attempt:
                 self._metrics.retries.inc((model,))
+                if lease.replica_id in tried:
+                    # Only replicas that just failed are left (one died and the source has not dropped it
+                    # yet): back off a little so the retry does not land in the same instant.
+                    try:
+                        await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+                    except BaseException:
+                        lease.release("aborted")
+                        raise
             try:
                 upstream, first = await self._attempt(lease, request.path_qs, request.body, headers)
             except UpstreamAttemptError as e:
@@ -215,7 +232,10 @@ class Proxy:
             if upstream.at_eof() and upstream.content_type != "text/event-stream":
                 self._relay_whole(responder, model, lease, upstream, first, started_s)
             else:
-                await self._relay(responder, model, lease, upstream, first, started_s)
+                resume = None
+                if body.get("stream") is True and upstream.status == 200 and self._settings.stream_migration_attempts:
+                    resume = _Resume(request, body, headers, hashes, tried)
+                await self._relay(responder, model, lease, upstream, first, started_s, resume)
             return upstream.status
         raise UpstreamError(
             f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
@@ -279,39 +299,77 @@ class Proxy:
         upstream: UpstreamResponse,
         first: bytes,
         started_s: float,
+        resume: _Resume | None,
     ) -> None:
-        """Pass the replica's answer to the client as it arrives; the request is committed now."""
+        """Pass the replica's answer to the client as it arrives; the request is committed now.
+
+        A streamed completion (``resume``) that its replica breaks is continued on another one
+        (``_migrate``); when it cannot be, the client gets an SSE error event and ``[DONE]``.
+        """
+        is_sse = upstream.content_type == "text/event-stream"
+        headers = _response_header_lines(upstream, lease.replica_id)
+        length = upstream.content_length if not is_sse else None
+        try:
+            responder.start(upstream.status, (), content_length=length, reason=upstream.reason, raw_headers=headers)
+        except BaseException:
+            upstream.close()
+            lease.release("aborted")
+            raise
+        self._metrics.ttft.observe((model,), self._clock() - started_s)
+        splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
+        # What the client was sent, kept only for a stream that may need continuing elsewhere.
+        sent: list[bytes] | None = [] if resume is not None and splitter is not None else None
+        try:
+            await self._pump(responder, lease, upstream, first, splitter, sent, None)
+        except UpstreamIOError as e:
+            if splitter is None:
+                # A plain body cannot carry an error now: drop the connection so the client sees a
+                # truncated transfer instead of a short body that looks complete.
+                responder.abort()
+                return
+            splitter.discard()
+            if resume is not None and sent is not None:
+                await self._migrate(responder, model, resume, sent, lease.replica_id, e)
+                return
+            await responder.write(error_event(f"replica {lease.replica_id} failed mid-stream: {e!r}"))
+            await responder.write(b"data: [DONE]\n\n")
+            responder.end()
+            return
+        if splitter is not None and (rest := splitter.flush()):
+            await responder.write(rest)
+        responder.end()
+
+    async def _pump(
+        self,
+        responder: Responder,
+        lease: Lease,
+        upstream: UpstreamResponse,
+        first: bytes,
+        splitter: EventSplitter | None,
+        sent: list[bytes] | None,
+        splicer: Splicer | None,
+    ) -> None:
+        """Copy one upstream body to the client; releases the lease and the upstream either way.
+
+        Raises ``UpstreamIOError`` when the replica broke it (the client is still there)."""
         outcome = "aborted"
         clean_end = False
         try:
-            is_sse = upstream.content_type == "text/event-stream"
-            headers = _response_header_lines(upstream, lease.replica_id)
-            length = upstream.content_length if not is_sse else None
-            responder.start(upstream.status, (), content_length=length, reason=upstream.reason, raw_headers=headers)
-            self._metrics.ttft.observe((model,), self._clock() - started_s)
-            splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
             chunk = first
             try:
                 while chunk:
                     out = splitter.feed(chunk) if splitter else chunk
+                    if out and splicer is not None:
+                        out = splicer.rewrite(out)
                     if out:
+                        if sent is not None:
+                            sent.append(out)
                         await responder.write(out)
                     chunk = await upstream.readany()
             except UpstreamIOError as e:
                 outcome = "failed"
                 log.warning("replica %s broke a started response: %r", lease.replica_id, e)
-                if splitter is None:
-                    # A plain body cannot carry an error now: drop the connection so the client sees a
-                    # truncated transfer instead of a short body that looks complete.
-                    responder.abort()
-                    return
-                splitter.discard()
-                await responder.write(error_event(f"replica {lease.replica_id} failed mid-stream: {e!r}"))
-                responder.end()
-                return
-            if splitter is not None and (rest := splitter.flush()):
-                await responder.write(rest)
-            responder.end()
+                raise
             outcome = "ok"
             clean_end = True
         finally:
@@ -320,6 +378,125 @@ class Proxy:
             else:
                 upstream.close()  # client gone or replica broke: close, so the replica stops generating
             lease.release(outcome)
+
+    async def _migrate(
+        self,
+        responder: Responder,
+        model: str,
+        resume: _Resume,
+        sent: list[bytes],
+        broken_by: str,
+        error: Exception,
+    ) -> None:
+        """Continue a broken stream on other replicas, within ``stream_migration_attempts`` and
+        ``stream_migration_timeout_s``; end it with an error event and ``[DONE]`` when that fails."""
+        chat = resume.request.path == CHAT_PATH
+        resume.tried.add(broken_by)
+        deadline_s = self._clock() + self._settings.stream_migration_timeout_s
+        attempts = 0
+        broke_s = self._clock()
+        why = f"replica {broken_by} broke the stream ({type(error).__name__})"
+        while True:
+            so_far = progress(b"".join(sent), chat=chat)
+            if so_far.done or so_far.finish_reason is not None:
+                # Only the tail (usage, [DONE]) was lost: close the stream as it would have been.
+                self._metrics.migrations.inc((model, "completed_tail"))
+                if not so_far.done:
+                    await responder.write(b"data: [DONE]\n\n")
+                responder.end()
+                return
+            plan = continuation(resume.request.path, resume.body, so_far)
+            if plan.body is None:
+                if plan.remaining_tokens == 0:
+                    self._metrics.migrations.inc((model, "completed_tail"))
+                    await responder.write(finish_event(so_far, chat=chat))
+                    await responder.write(b"data: [DONE]\n\n")
+                    responder.end()
+                    return
+                result, why = "not_continuable", f"{why}; cannot continue: {plan.reason}"
+                break
+            if attempts >= self._settings.stream_migration_attempts:
+                result, why = "attempts_exhausted", f"{why}; {attempts} continuation attempts failed"
+                break
+            remaining_s = deadline_s - self._clock()
+            if remaining_s <= 0:
+                limit_s = self._settings.stream_migration_timeout_s
+                result, why = "timeout", f"{why}; no continuation within {limit_s:g} s"
+                break
+            attempts += 1
+            raw = json.dumps(plan.body).encode()
+            exclude = frozenset(resume.tried)
+            try:
+                async with asyncio.timeout(remaining_s):
+                    lease = self._fleet.try_acquire(model, resume.hashes, exclude) or await self._fleet.acquire(
+                        model, resume.hashes, exclude
+                    )
+                    try:
+                        upstream, first = await self._attempt(lease, resume.request.path_qs, raw, resume.headers)
+                    except UpstreamAttemptError:
+                        lease.release("failed")
+                        resume.tried.add(lease.replica_id)
+                        raise
+                    except BaseException:
+                        lease.release("aborted")
+                        raise
+            except (UpstreamAttemptError, RouterError, TimeoutError) as e:
+                log.warning("stream of %s: continuation attempt %d failed: %s", model, attempts, e)
+                why = f"{why}; attempt {attempts}: {e}"
+                await asyncio.sleep(min(0.05 * attempts, max(0.0, deadline_s - self._clock())))
+                continue
+            if upstream.status != 200 or upstream.content_type != "text/event-stream":
+                upstream.close()
+                lease.release("failed")
+                resume.tried.add(lease.replica_id)
+                why = f"{why}; attempt {attempts}: replica {lease.replica_id} answered {upstream.status}"
+                continue
+            gap_s = self._clock() - broke_s
+            self._metrics.migration_gap.observe((model,), gap_s)
+            self._metrics.migrations.inc((model, "continued"))
+            log.info(
+                "stream %s of %s continued on %s after %d chars, %.3f s after the break (%s)",
+                so_far.response_id or "-",
+                model,
+                lease.replica_id,
+                len(so_far.text),
+                gap_s,
+                why,
+                extra={"stream_id": so_far.response_id, "gap_s": gap_s},
+            )
+            splitter = EventSplitter(self._settings.sse_max_pending_bytes)
+            try:
+                await self._pump(responder, lease, upstream, first, splitter, sent, Splicer(so_far, chat=chat))
+            except UpstreamIOError as e:
+                splitter.discard()
+                broke_s = self._clock()
+                resume.tried.add(lease.replica_id)
+                why = f"replica {lease.replica_id} broke the continued stream ({type(e).__name__})"
+                continue
+            if rest := splitter.flush():
+                await responder.write(Splicer(so_far, chat=chat).rewrite(rest))
+            responder.end()
+            return
+        self._metrics.migrations.inc((model, result))
+        log.warning("stream of %s could not be continued: %s", model, why)
+        await responder.write(error_event(f"the stream broke and could not be continued: {why}"))
+        await responder.write(b"data: [DONE]\n\n")
+        responder.end()
+
+
+class _Resume:
+    """What continuing a streamed request elsewhere needs."""
+
+    __slots__ = ("body", "hashes", "headers", "request", "tried")
+
+    def __init__(
+        self, request: HttpRequest, body: dict[str, Any], headers: bytes, hashes: list[int], tried: set[str]
+    ) -> None:
+        self.request = request
+        self.body = body
+        self.headers = headers
+        self.hashes = hashes
+        self.tried = tried
 
 
 def _response_header_lines(upstream: UpstreamResponse, replica_id: str) -> bytes:

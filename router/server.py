@@ -56,8 +56,14 @@ class RouterServer:
                 max_body_bytes=settings.max_body_bytes,
                 keepalive_timeout_s=settings.client_keepalive_timeout_s,
                 shutdown_timeout_s=settings.shutdown_timeout_s,
+                max_head_bytes=settings.max_request_head_bytes,
+                max_headers=settings.max_request_headers,
+                head_timeout_s=settings.request_head_timeout_s,
+                max_connections=settings.max_client_connections,
+                max_connections_per_client=settings.max_client_connections_per_address,
             ),
         )
+        self.metrics.track_front_end(lambda: self._http.refusals, lambda: len(self._http.connections))
         self._started = False
         self.port = settings.port
 

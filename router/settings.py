@@ -20,6 +20,48 @@ class RouterSettings(BaseModel):
         le=256 * 1024 * 1024,
         description="Largest request body accepted; larger ones get 413 before being read whole.",
     )
+    max_request_head_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description=(
+            "Largest request head (request line and header fields); larger ones get 431 and a close. "
+            "32 KiB is nginx's 4 x 8k large_client_header_buffers."
+        ),
+    )
+    max_request_headers: int = Field(
+        default=100,
+        ge=8,
+        le=10_000,
+        description="Most header fields in one request; more get 431 (Apache's LimitRequestFields).",
+    )
+    request_head_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description=(
+            "From a request head's first byte to its end; a slower head gets 408 and a close (slowloris). "
+            "nginx's client_header_timeout."
+        ),
+    )
+    max_client_connections: int = Field(
+        default=8192,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Client connections held at once; more are answered 503 and closed. Each holds at most "
+            "max_request_head_bytes plus one 256 KiB read of an unfinished head."
+        ),
+    )
+    max_client_connections_per_address: int = Field(
+        default=1024,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Client connections from one IP address; more get 503. Behind an L7 load balancer every client "
+            "shares its address: raise this to max_client_connections there."
+        ),
+    )
     connect_timeout_s: float = Field(
         default=3.0, gt=0, le=60, description="TCP connect to a replica; a slow connect is retried elsewhere."
     )
@@ -43,6 +85,21 @@ class RouterSettings(BaseModel):
         ge=1,
         le=10,
         description="Tries per request across replicas when a replica fails before the first response byte.",
+    )
+    stream_migration_attempts: int = Field(
+        default=3,
+        ge=0,
+        le=10,
+        description=(
+            "Replicas tried to continue a streamed completion that its replica broke after the first byte "
+            "(0: no migration; the client gets an SSE error event and [DONE])."
+        ),
+    )
+    stream_migration_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="Longest time from a stream breaking to its continuation's first byte, all attempts together.",
     )
     eject_after_failures: int = Field(
         default=3, ge=1, le=100, description="Consecutive failures that eject a replica (passive outlier detection)."

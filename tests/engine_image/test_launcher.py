@@ -271,3 +271,11 @@ async def test_stop_before_the_engine_starts_abandons_the_launch(tmp_path: Path,
     launcher.handle_signal(signal.SIGTERM)
     assert await asyncio.wait_for(task, 10) == 128 + signal.SIGTERM
     assert launcher.interrupted_before_engine
+
+
+def test_the_drain_budget_comes_from_the_pod() -> None:
+    settings = LauncherSettings.from_env({"KVFLEET_DRAIN_TIMEOUT_S": "600"})
+    assert settings.stop.grace_s == 600.0
+    assert LauncherSettings.from_env({}).stop.grace_s == 30.0  # outside a pod: the launcher's own default
+    with pytest.raises(ValueError, match="KVFLEET_DRAIN_TIMEOUT_S"):
+        LauncherSettings.from_env({"KVFLEET_DRAIN_TIMEOUT_S": "soon"})

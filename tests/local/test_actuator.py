@@ -168,3 +168,36 @@ async def test_shutdown_leaves_no_process(make_processes, session: aiohttp.Clien
         assert response.status == 200
     await task
     assert not any(alive(pid) for pid in pids)
+
+
+async def test_rolling_restart_replaces_every_replica_without_dropping_capacity_or_requests(
+    make_processes, session: aiohttp.ClientSession
+) -> None:
+    procs = make_processes(replica_command("--ready-after-s", "0.3"))
+    registry: RecordingRegistry = procs.registry
+    async with running(procs):
+        procs.set_desired(2, "two")
+        await until(lambda: procs.count("ready") == 2)
+        old = set(procs.replicas)
+        requests = [asyncio.create_task(session.post(f"{url}/slow?seconds=1.5")) for url in procs.ready_urls()]
+        await asyncio.sleep(0.2)  # both requests are in the engines now
+        least_ready = 2
+
+        async def watch() -> None:
+            nonlocal least_ready
+            while True:
+                least_ready = min(least_ready, len(registry.active))
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        await procs.rolling_restart("new engine args")
+        watcher.cancel()
+        for request in requests:
+            response = await request
+            assert response.status == 200 and await response.text() == "done"
+        assert procs.count("ready") == 2 and not set(procs.replicas) & old
+        assert least_ready == 2  # maxUnavailable 0: the router always had two replicas to send to
+    history = registry.history
+    # Each old replica was drained only after its replacement was added.
+    assert history.index(("add", "tiny-3")) < history.index(("draining", "tiny-1"))
+    assert history.index(("add", "tiny-4")) < history.index(("draining", "tiny-2"))

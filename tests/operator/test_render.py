@@ -119,6 +119,13 @@ def test_prestop_and_grace_period_cover_the_drain() -> None:
     dep = render_deployment(OWNER, spec(), 1, SETTINGS)
     assert container(dep)["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "10"]}}}
     assert pod(dep)["terminationGracePeriodSeconds"] == termination_grace_s(SETTINGS) == 10 + 600
+    # The launcher, PID 1, is told the same drain budget: it must not SIGKILL the engine earlier.
+    env = {e["name"]: e.get("value") for e in container(dep)["env"]}
+    assert env["KVFLEET_DRAIN_TIMEOUT_S"] == "600"
+    longer = SETTINGS.model_copy(update={"drain_timeout_s": 1800})
+    dep = render_deployment(OWNER, spec(), 1, longer)
+    assert pod(dep)["terminationGracePeriodSeconds"] == 10 + 1800
+    assert {e["name"]: e.get("value") for e in container(dep)["env"]}["KVFLEET_DRAIN_TIMEOUT_S"] == "1800"
 
 
 def test_volumes_shm_node_cache_and_spec() -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -149,6 +150,153 @@ async def test_malformed_requests_get_an_error_and_a_close(raw: bytes, status: i
         assert json.loads(body)["error"]["code"] == status
         assert await reader.read() == b""  # closed
         writer.close()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # Request smuggling shapes: both framings, or two lengths that disagree.
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+    ],
+)
+async def test_ambiguous_request_framing_is_refused(raw: bytes) -> None:
+    async with serving() as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(raw)
+        status, headers, _ = await read_response(reader)
+        assert status == 400 and headers["connection"] == "close"
+        assert await reader.read() == b""
+        writer.close()
+
+
+BOUNDED = HttpServerSettings(
+    max_body_bytes=1024,
+    keepalive_timeout_s=30.0,
+    shutdown_timeout_s=1.0,
+    max_head_bytes=4096,
+    max_headers=20,
+    head_timeout_s=0.3,
+    max_connections=6,
+    max_connections_per_client=4,
+)
+
+
+async def refused_with(reader: asyncio.StreamReader, status: int) -> str:
+    got, headers, body = await read_response(reader)
+    assert got == status and headers["connection"] == "close"
+    assert await reader.read() == b""  # closed after the answer
+    return str(json.loads(body)["error"]["message"])
+
+
+async def test_a_head_larger_than_the_limit_gets_431_whether_it_comes_whole_or_in_pieces() -> None:
+    async with serving(BOUNDED) as server:
+        # One header line of 20 MB, written in pieces: refused long before it is all sent.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        with contextlib.suppress(ConnectionError):
+            for _ in range(20 * 16):
+                writer.write(b"a" * 65536)
+                await writer.drain()
+                if answered(reader):
+                    break
+        assert "larger than the limit of 4096 bytes" in await refused_with(reader, 431)
+        writer.close()
+        # A whole head just over the limit in one write (llhttp sees it complete in one read).
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n")
+        assert "4096 bytes" in await refused_with(reader, 431)
+        writer.close()
+        # A long request target counts too.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert "request target" in await refused_with(reader, 431)
+        writer.close()
+        # Just under the limit is served, and the connection stays usable.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 3900 + b"\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        writer.write(b"GET /again HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        writer.close()
+        assert server.refusals == {431: 3}
+
+
+async def test_more_header_fields_than_the_limit_get_431() -> None:
+    async with serving(BOUNDED) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(50)) + b"\r\n")
+        assert "more than 20 header fields" in await refused_with(reader, 431)
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(19)) + b"\r\n")
+        assert (await read_response(reader))[0] == 200
+        writer.close()
+
+
+async def test_a_head_that_drips_in_slower_than_the_head_timeout_gets_408() -> None:
+    async with serving(BOUNDED) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET / HTTP/1.1\r\n")
+        start = asyncio.get_running_loop().time()
+        with contextlib.suppress(ConnectionError):
+            for _ in range(40):  # a header byte every 50 ms: active, but the head never completes
+                writer.write(b"X")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                if answered(reader):
+                    break
+        assert "not complete within 0.3 s" in await refused_with(reader, 408)
+        assert asyncio.get_running_loop().time() - start < 1.5  # within 1.5x the timeout, plus slack
+        writer.close()
+        # After a served request, the next head's clock starts at its own first byte.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        await asyncio.sleep(0.5)  # idle between requests is the keep-alive timeout's business
+        writer.write(b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        writer.close()
+
+
+async def test_connections_past_the_per_client_and_total_caps_get_503_and_a_close() -> None:
+    async with serving(BOUNDED) as server:
+        held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(4)]
+        await until_true(lambda: len(server.connections) == 4)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        assert "limit of 4 connections per client" in await refused_with(reader, 503)
+        writer.close()
+        # Another client address (127.0.0.2 is loopback too) may still connect, up to the total cap of 6.
+        more = [await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0)) for _ in range(2)]
+        await until_true(lambda: len(server.connections) == 6)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0))
+        assert "limit of 6 connections" in await refused_with(reader, 503)
+        writer.close()
+        # Held connections work, and a closed one frees its place.
+        r0, w0 = held[0]
+        w0.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_response(r0))[0] == 200
+        w0.close()
+        await until_true(lambda: len(server.connections) == 5)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        assert server.per_client == {"127.0.0.1": 4, "127.0.0.2": 2}
+        for _, w in [*held[1:], *more, (reader, writer)]:
+            w.close()
+        assert server.refusals == {503: 2}
+
+
+def answered(reader: asyncio.StreamReader) -> bool:
+    """Whether the server has answered (or closed) while the client is still sending."""
+    return reader.at_eof() or bool(reader._buffer)  # no public peek on StreamReader
+
+
+async def until_true(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
 
 
 async def test_idle_client_connections_are_closed_after_the_keepalive_timeout() -> None:

@@ -250,17 +250,19 @@ async def test_503_from_a_draining_engine_is_retried_on_another(spawn_backend: C
 
 
 async def test_broken_stream_ends_with_an_error_event(backends: list[Backend]) -> None:
+    """With migration off (tests/router/test_stream_migration.py has it on), a broken stream ends
+    with an error event and [DONE]."""
     source = source_for("broken", backends[:1])
     body = {"model": "broken", "prompt": "x", "stream": True, "kvfleet_test": {"chunks": 5, "break_after": 2}}
     async with (
-        running_router(source) as router,
+        running_router(source, stream_migration_attempts=0) as router,
         aiohttp.ClientSession() as session,
         session.post(router.url + "/v1/completions", json=body) as resp,
     ):
         assert resp.status == 200
         raw = await resp.read()
     events = [e for e in raw.decode().split("\n\n") if e]
-    assert len(events) == 3, raw
+    assert len(events) == 4 and events[3] == "data: [DONE]", raw
     assert [json.loads(e.removeprefix("data: "))["choices"][0]["text"] for e in events[:2]] == ["w0", "w1"]
     error = json.loads(events[2].removeprefix("data: "))["error"]
     assert error["type"] == "upstream_disconnected" and "failed mid-stream" in error["message"]
