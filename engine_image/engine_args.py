@@ -23,9 +23,13 @@ INDUCTOR_CACHE_SUBDIR = "inductor"
 TRITON_CACHE_SUBDIR = "triton"
 REFERENCE_ARTIFACTS_SUBDIR = "reference"
 
-# The file the reference engine writes last when its runtime artifact is saved (after it is ready,
-# in the background): the launcher pushes only once it exists. Engine's runtime_artifacts.META_FILE.
-REFERENCE_ARTIFACTS_MARKER = "runtime.json"
+# The file the reference engine writes once its artifacts directory is complete (compile cache,
+# and runtime weights when asked for): the launcher pushes only once it exists, and not at all
+# when it says the directory is empty. Engine's artifacts_ready.READY_FILE.
+REFERENCE_ARTIFACTS_MARKER = "artifacts.json"
+# This start's compile (hit or miss, seconds, reason), copied into the launcher's phase log.
+# Engine's compile_cache.START_REPORT.
+REFERENCE_COMPILE_REPORT = "compile-start.json"
 
 # SGLang names fp8 KV caches by their exact format; "fp8" means e4m3 in vLLM's convention too.
 SGLANG_KV_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
@@ -227,9 +231,9 @@ def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> Eng
     notes = []
     if spec.resources.gpus >= 1 and engine.gpu_memory_utilization != 0.9:
         notes.append("engine.gpuMemoryUtilization is ignored: the reference engine sizes its KV cache by --kv-blocks")
-    return EngineCommand(
-        argv=(*argv, *engine.extra_args), env=_compile_cache_env(inputs.artifacts_dir), notes=tuple(notes)
-    )
+    # The engine points Inductor and Triton at <artifacts>/reference itself (compile_cache.py), so
+    # its whole cache is one directory it can vouch for; no cache variables are set here.
+    return EngineCommand(argv=(*argv, *engine.extra_args), env={}, notes=tuple(notes))
 
 
 def artifacts_ready_marker(kind: str) -> str | None:

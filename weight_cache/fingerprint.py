@@ -44,6 +44,13 @@ COMPILE_FLAGS = frozenset(
         "--attention-backend",
         "--override-generation-config",
         "--hf-overrides",
+        # The reference engine's compile flags (its --block-size, --max-num-seqs and
+        # --max-num-batched-tokens share vLLM's names above).
+        "--compile",
+        "--compile-mode",
+        "--compile-sizes",
+        "--runtime-weights-artifact",
+        "--no-runtime-weights-artifact",
     }
 )
 

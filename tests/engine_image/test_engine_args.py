@@ -151,7 +151,8 @@ ENV_CASES = [
     ("vllm", "TRITON_CACHE_DIR", f"{ART}/triton", True),
     ("sglang", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
     ("sglang", "TRITON_CACHE_DIR", f"{ART}/triton", True),
-    ("reference", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
+    # The reference engine points Inductor at <artifacts>/reference/inductor itself (compile_cache.py).
+    ("reference", "TORCHINDUCTOR_CACHE_DIR", None, True),
     ("vllm", "VLLM_CACHE_ROOT", None, False),
     ("reference", "TORCHINDUCTOR_CACHE_DIR", None, False),
 ]
