@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvfleet.weight_cache import Accelerator, ArtifactError, Fingerprint, fingerprint, pull_artifacts, push_artifacts
-from kvfleet.weight_cache.artifacts import artifact_keys
+from kvfleet.weight_cache.artifacts import artifact_keys, describe_artifact
 from kvfleet.weight_cache.s3 import S3Client, S3Uri
 from tests.weight_cache.conftest import tree_bytes, write_model
 
@@ -51,6 +51,20 @@ def test_push_then_pull_is_a_hit(s3: S3Client, bucket: str, compile_cache: Path,
     result = pull_artifacts(s3, where, _fp(), tmp_path / "restored")
     assert result.hit and not result.warning and result.size_bytes == pushed.size_bytes
     assert tree_bytes(tmp_path / "restored") == tree_bytes(compile_cache)
+
+
+def test_the_sidecar_says_what_the_artifact_replaces_before_any_tarball_byte(
+    s3: S3Client, bucket: str, compile_cache: Path
+) -> None:
+    where = f"s3://{bucket}/artifacts"
+    absent = describe_artifact(s3, where, _fp())
+    assert not absent.found and absent.reason == "no artifact for this fingerprint"
+    pushed = push_artifacts(s3, compile_cache, where, _fp(), build_seconds=42.123456)
+    offer = describe_artifact(s3, where, _fp())
+    assert offer.found and offer.size_bytes == pushed.size_bytes and offer.sha256 == pushed.sha256
+    assert offer.build_seconds == 42.1235
+    # Another torch or device capability is another fingerprint: not offered.
+    assert not describe_artifact(s3, where, _fp(torch_version="2.12.0")).found
 
 
 def test_fingerprint_mismatch_is_a_clean_miss(
