@@ -25,6 +25,7 @@ from kvfleet.weight_cache.fingerprint import Fingerprint
 from kvfleet.weight_cache.manifest import sha256_file
 from kvfleet.weight_cache.s3 import S3Client, S3Uri, error_code, get_bytes
 from kvfleet.weight_cache.safety import check_relative_path
+from kvfleet.weight_cache.settings import PullSettings
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,21 @@ MAX_SIDECAR_BYTES = 64 << 10
 # vLLM's compile cache is tens to hundreds of MB; engine builds (TensorRT) a few GB.
 DEFAULT_MAX_ARTIFACT_BYTES = 32 << 30
 
-# Artifacts move as one tarball. boto3's default 8 MiB parts mean 128 requests per GiB; the weight
-# pull's 32 MiB parts (PullSettings.part_size_bytes) cut the per-request overhead fourfold, and
+
+# Artifacts move as one tarball, in the weight pull's parallel ranged parts: the same part size and
+# connections in flight as PullSettings (s3transfer's ranged GETs above one part). boto3's default
+# 8 MiB parts mean 128 requests per GiB; 32 MiB parts cut the per-request overhead fourfold, and
 # servers that read the whole object for every ranged GET (moto) pay it a quarter as often.
-_ARTIFACT_TRANSFER = TransferConfig(
-    max_concurrency=8, multipart_threshold=32 * 1024 * 1024, multipart_chunksize=32 * 1024 * 1024
-)
+def transfer_config(settings: PullSettings | None = None) -> TransferConfig:
+    pull = settings or PullSettings()
+    return TransferConfig(
+        max_concurrency=pull.concurrency,
+        multipart_threshold=pull.part_size_bytes,
+        multipart_chunksize=pull.part_size_bytes,
+    )
+
+
+_ARTIFACT_TRANSFER = transfer_config()
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,7 @@ def push_artifacts(
     overwrite: bool = False,
     max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
     build_seconds: float | None = None,
+    transfer: TransferConfig = _ARTIFACT_TRANSFER,
 ) -> ArtifactPushResult:
     """Tar ``src_dir`` (regular files and directories only) and upload it under ``fp``'s key."""
     uri = S3Uri.parse(location_uri)
@@ -108,7 +119,7 @@ def push_artifacts(
             if size > max_bytes:
                 raise ArtifactError(f"{src_dir}: artifact is {size} bytes, more than the {max_bytes} allowed")
             digest = sha256_file(tar_path)
-            client.upload_file(str(tar_path), uri.bucket, tar_key, Config=_ARTIFACT_TRANSFER)
+            client.upload_file(str(tar_path), uri.bucket, tar_key, Config=transfer)
         sidecar: dict[str, object] = {"sha256": digest, "sizeBytes": size, "fingerprint": fp.to_wire()}
         if build_seconds is not None:
             sidecar["buildSeconds"] = round(build_seconds, 4)
@@ -187,6 +198,7 @@ def pull_artifacts(
     *,
     max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
     offer: ArtifactOffer | None = None,
+    transfer: TransferConfig = _ARTIFACT_TRANSFER,
 ) -> ArtifactPullResult:
     """Restore the artifact for ``fp`` into ``dest`` (absent or empty). A hit or a miss, with why.
     ``offer`` is :func:`describe_artifact`'s answer when the caller already read the sidecar."""
@@ -212,7 +224,7 @@ def pull_artifacts(
     with tempfile.TemporaryDirectory(prefix=".kvfleet-artifact-", dir=dest.parent) as tmp:
         tar_path = Path(tmp) / "artifact.tar"
         try:
-            client.download_file(uri.bucket, tar_key, str(tar_path), Config=_ARTIFACT_TRANSFER)
+            client.download_file(uri.bucket, tar_key, str(tar_path), Config=transfer)
         except (ClientError, BotoCoreError) as e:
             return miss(f"cannot download {tar_key}: {error_code(e) if isinstance(e, ClientError) else e}", warn=True)
         got_sha = sha256_file(tar_path)
