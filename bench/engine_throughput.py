@@ -284,6 +284,30 @@ def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[s
     return out
 
 
+def decode_step_s(core: Any, batch_size: int, context_tokens: int) -> float:
+    """One decode step of ``batch_size`` sequences with ``context_tokens`` of context each, through
+    the engine's own forward (its KV pools, paged attention, compiled or eager pieces)."""
+    from kvfleet.engine.paged_attention import ForwardBatch, decode_group, slot_table
+
+    bs = core.settings.block_size_tokens
+    blocks = -(-context_tokens // bs)
+    tables = [[b * blocks + j for j in range(blocks)] for b in range(batch_size)]
+    slots = slot_table(tables, bs)
+    dev = core.model.device
+    batch = ForwardBatch(
+        token_ids=torch.randint(300, core.model.config.vocab_size, (batch_size,), device=dev),
+        positions=torch.full((batch_size,), context_tokens - 1, device=dev),
+        slot_mapping=slots[:, context_tokens - 1].clone().to(dev),
+        groups=(decode_group(slice(0, batch_size), slots, [context_tokens] * batch_size, dev),),
+        logits_rows=torch.arange(batch_size, device=dev),
+    )
+    start = time.perf_counter()
+    core.model.forward(batch, core.k_pools, core.v_pools)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - start
+
+
 def run_compile_compare(args: argparse.Namespace, model_dir: Path, device: str) -> dict[str, Any]:
     """The compiled engine against the same engine eager, at 1 and ``--concurrency`` concurrent:
     is the compile step worth paying at all? The two alternate run by run so load swings hit both."""
@@ -299,6 +323,19 @@ def run_compile_compare(args: argparse.Namespace, model_dir: Path, device: str) 
     warm = prompts(1, 32, args.vocab, seed=99)[0]
     for engine in engines.values():
         engine.run([warm], 4)
+    # Decode steps alone, the engines interleaved step by step (load swings hit all alike): what
+    # the compiled pieces change, without scheduling, sampling or the HTTP-free asyncio bridge.
+    steps: dict[str, list[float]] = {}
+    context = args.prompt_tokens + args.new_tokens // 2
+    for batch_size in (1, args.concurrency):
+        for engine in engines.values():
+            decode_step_s(engine.core, batch_size, context)
+        for _ in range(args.step_samples):
+            for name, engine in engines.items():
+                steps.setdefault(f"{name}@{batch_size}", []).append(decode_step_s(engine.core, batch_size, context))
+    step_median = {k: statistics.median(v) for k, v in steps.items()}
+    for k, v in step_median.items():
+        print(f"[{device}] decode step {k:12s} {v * 1e3:7.2f} ms", flush=True)
     runs: list[dict[str, Any]] = []
     for i, prompt in enumerate(prompts(args.single_requests, args.prompt_tokens, args.vocab, seed=1)):
         for name, engine in engines.items():
@@ -322,7 +359,9 @@ def run_compile_compare(args: argparse.Namespace, model_dir: Path, device: str) 
                 "ttft_p50_s": pct([t for r in mine for t in r["ttft_s"]], 50),
             }
         summary[name] = {"load_s": engine.load_s}
-    return {"device": device, "summary": summary, "runs": runs}
+        for conc in (1, args.concurrency):
+            summary[f"{name}@{conc}"]["decode_step_s"] = step_median[f"{name}@{conc}"]
+    return {"device": device, "summary": summary, "runs": runs, "decode_steps_s": steps}
 
 
 def compile_markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
@@ -336,9 +375,10 @@ def compile_markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"{result['load_before']} / {result['load_after']} ({result['machine']['cpus']} CPUs, torch "
         f"{result['machine']['torch']}).",
         "",
-        "| device | engine | load + compile (s) | tok/s @1 | per-token @1 (ms) | tok/s @"
-        f"{args.concurrency} | vs eager @1 | vs eager @{args.concurrency} |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| device | engine | load + compile (s) | decode step @1 (ms) | decode step @{args.concurrency} (ms) | "
+        f"step vs eager @1 | step vs eager @{args.concurrency} | tok/s @1 | tok/s @{args.concurrency} | "
+        f"tok/s vs eager @1 | tok/s vs eager @{args.concurrency} |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for dev in result["devices"]:
         s = dev["summary"]
@@ -346,11 +386,18 @@ def compile_markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         for name in ["eager", *args.compile_modes]:
             one, many = s[f"{name}@1"], s[f"{name}@{args.concurrency}"]
             lines.append(
-                f"| {dev['device']} | {name} | {s[name]['load_s']:.1f} | {one['tokens_per_s']:.1f} | "
-                f"{one['per_token_s'] * 1e3:.2f} | {many['tokens_per_s']:.1f} | "
-                f"{one['tokens_per_s'] / e1['tokens_per_s']:.2f}x | {many['tokens_per_s'] / ec['tokens_per_s']:.2f}x |"
+                f"| {dev['device']} | {name} | {s[name]['load_s']:.1f} | {one['decode_step_s'] * 1e3:.2f} | "
+                f"{many['decode_step_s'] * 1e3:.2f} | {e1['decode_step_s'] / one['decode_step_s']:.2f}x | "
+                f"{ec['decode_step_s'] / many['decode_step_s']:.2f}x | {one['tokens_per_s']:.1f} | "
+                f"{many['tokens_per_s']:.1f} | {one['tokens_per_s'] / e1['tokens_per_s']:.2f}x | "
+                f"{many['tokens_per_s'] / ec['tokens_per_s']:.2f}x |"
             )
     lines += [
+        "",
+        f"Decode step: one batched decode forward at {args.prompt_tokens + args.new_tokens // 2} tokens of context, "
+        f"median of {args.step_samples} per engine, the engines interleaved step by step; `step vs eager` above "
+        "1 means the compiled engine is faster. tok/s: the whole engine (scheduling, sampling, prefill) on "
+        "concurrent requests.",
         "",
         "`load + compile` is `load_engine_core` with an empty compile cache (the compile a cold start pays; "
         "docs/benchmarks/cold_start.md shows what restoring the cache saves). Aggregate tok/s: all generated "
@@ -478,6 +525,7 @@ def main() -> int:
         help="instead: the engine compiled (each --compile-modes) against eager, to engine_compile.{json,md}",
     )
     parser.add_argument("--compile-modes", nargs="+", choices=["dynamic", "static"], default=["dynamic", "static"])
+    parser.add_argument("--step-samples", type=int, default=30, help="decode steps timed per engine and batch size")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--work-dir", type=Path, default=REPO / "bench" / ".work")
     parser.add_argument(

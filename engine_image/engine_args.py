@@ -21,6 +21,7 @@ from kvfleet.spec import EngineSpec, InferenceDeploymentSpec
 VLLM_CACHE_SUBDIR = "vllm"
 INDUCTOR_CACHE_SUBDIR = "inductor"
 TRITON_CACHE_SUBDIR = "triton"
+DEEP_GEMM_CACHE_SUBDIR = "deep_gemm"
 REFERENCE_ARTIFACTS_SUBDIR = "reference"
 
 # The file the reference engine writes once its artifacts directory is complete (compile cache,
@@ -133,8 +134,11 @@ def render_vllm(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCo
         argv += ["--quantization", engine.quantization]
     env = _compile_cache_env(inputs.artifacts_dir)
     if inputs.artifacts_dir is not None:
-        # VLLM_CACHE_ROOT holds vLLM's torch.compile cache (torch_compile_cache/) among others.
+        # VLLM_CACHE_ROOT holds vLLM's torch.compile cache (torch_compile_cache/<hash>/rank_<r>_<dp>/,
+        # where vLLM also points Inductor and Triton itself) among others; DeepGEMM's JIT kernels
+        # (FP8 models) live apart from it. docs/engine_image.md has the whole contract.
         env["VLLM_CACHE_ROOT"] = str(inputs.artifacts_dir / VLLM_CACHE_SUBDIR)
+        env["DG_JIT_CACHE_DIR"] = str(inputs.artifacts_dir / DEEP_GEMM_CACHE_SUBDIR)
     return EngineCommand(argv=(*argv, *engine.extra_args), env=env)
 
 

@@ -149,6 +149,7 @@ ENV_CASES = [
     ("vllm", "VLLM_CACHE_ROOT", f"{ART}/vllm", True),
     ("vllm", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
     ("vllm", "TRITON_CACHE_DIR", f"{ART}/triton", True),
+    ("vllm", "DG_JIT_CACHE_DIR", f"{ART}/deep_gemm", True),
     ("sglang", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
     ("sglang", "TRITON_CACHE_DIR", f"{ART}/triton", True),
     # The reference engine points Inductor at <artifacts>/reference/inductor itself (compile_cache.py).
