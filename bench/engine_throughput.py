@@ -313,6 +313,10 @@ def run_compile_compare(args: argparse.Namespace, model_dir: Path, device: str) 
     is the compile step worth paying at all? The two alternate run by run so load swings hit both."""
     import tempfile
 
+    if args.threads:
+        # Fewer threads than cores keeps the comparison sane on a shared machine: torch's
+        # intra-op threads spin at barriers, and an oversubscribed core stalls all of them.
+        torch.set_num_threads(args.threads)
     engines: dict[str, KvfleetEngine] = {"eager": KvfleetEngine(model_dir, device, args.max_num_batched_tokens, "off")}
     for mode in args.compile_modes:
         # An empty compile cache of its own: the compile is measured from scratch.
@@ -371,7 +375,8 @@ def compile_markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"Command: `{result['command']}`",
         "",
         f"Model: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, float32 random weights; "
-        f"{args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, greedy. Load average before/after: "
+        f"{args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, greedy, torch threads "
+        f"{args.threads or 'default'}. Load average before/after: "
         f"{result['load_before']} / {result['load_after']} ({result['machine']['cpus']} CPUs, torch "
         f"{result['machine']['torch']}).",
         "",
@@ -526,6 +531,7 @@ def main() -> int:
     )
     parser.add_argument("--compile-modes", nargs="+", choices=["dynamic", "static"], default=["dynamic", "static"])
     parser.add_argument("--step-samples", type=int, default=30, help="decode steps timed per engine and batch size")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads in --compare-compile (0: torch's)")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--work-dir", type=Path, default=REPO / "bench" / ".work")
     parser.add_argument(

@@ -101,7 +101,7 @@ def engine() -> None:
     default="auto",
     show_default=True,
     type=click.Choice(["auto", "on", "off"]),
-    help="torch.compile the forward pass; auto: on for CUDA and for CPU models with hidden size >= 512.",
+    help="torch.compile the forward pass; auto: on for CUDA, off on CPU (measured not to pay there).",
 )
 @click.option(
     "--compile-mode",

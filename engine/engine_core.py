@@ -305,7 +305,7 @@ def load_engine_core(
     model, saving = load_model(config, model_dir, device, dtype, runtime_dir)
     log.info("loaded %s on %s as %s", model_dir, device, dtype)
     compiled = None
-    if settings.compile_enabled(device.type, config.hidden_size):
+    if settings.compile_enabled(device.type):
         compiled = compile_model(model, model_dir, settings)
     if settings.artifacts_dir is not None:
         mark_artifacts_ready(settings.artifacts_dir, compiled, saving)

@@ -55,15 +55,14 @@ class EngineSettings:
     # Also save/restore the weights in runtime layout there. Off: on CPU in float32 that copy is
     # as large as the weights and saves only the fuse pass (docs/engine_image.md, measured).
     runtime_weights_artifact: bool = False
-    # torch.compile the forward pass's dense pieces (compiled_forward.py). auto: on for CUDA, and
-    # on CPU for models with hidden_size >= compile_min_hidden_size (smaller ones lose: the
-    # compiled call's guard checks cost more than the fused kernels save; docs/engine.md).
+    # torch.compile the forward pass's dense pieces (compiled_forward.py). auto: on for CUDA (Triton
+    # kernels, vLLM's default there), off on CPU, where it was measured not to pay for its compile
+    # (docs/benchmarks/engine_compile.md).
     compile: CompileChoice = "auto"
     # dynamic: one graph with a symbolic token count (compiles fastest, serves every step size);
     # static: one graph per size in compile_sizes_tokens, steps padded up to the next size.
     compile_mode: CompileMode = "dynamic"
     compile_sizes_tokens: tuple[int, ...] = DEFAULT_COMPILE_SIZES
-    compile_min_hidden_size: int = 512
 
     def __post_init__(self) -> None:
         _require(1 <= self.block_size_tokens <= 256, "block_size_tokens", "must be in [1, 256]")
@@ -96,13 +95,12 @@ class EngineSettings:
             "compile_sizes_tokens",
             f"every size must be in [1, max_num_batched_tokens ({self.max_num_batched_tokens})]",
         )
-        _require(self.compile_min_hidden_size >= 0, "compile_min_hidden_size", "must be >= 0")
 
-    def compile_enabled(self, device_type: str, hidden_size: int) -> bool:
-        """Whether to compile, with ``auto`` resolved for this device and model."""
+    def compile_enabled(self, device_type: str) -> bool:
+        """Whether to compile, with ``auto`` resolved for this device."""
         if self.compile != "auto":
             return self.compile == "on"
-        return device_type == "cuda" or hidden_size >= self.compile_min_hidden_size
+        return device_type == "cuda"
 
 
 @dataclass(frozen=True)
