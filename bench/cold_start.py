@@ -1,4 +1,4 @@
-"""Cold start of an engine pod, by phase: cold vs node-cache-warm vs artifacts-warm.
+"""Cold start of an engine pod, by phase: cold vs node-cache-warm vs artifacts-warm, compilation on.
 
 Runs the real launcher (`kvfleet engine launch`, as a process) with the reference engine on CPU
 against moto's S3 server, for a random-weight model of about 1 GB (flags make it bigger), and
@@ -11,8 +11,9 @@ reports launch-to-first-token with its phases:
     all-warm        weights and artifacts on the node (a restart on the same node)
 
 Baselines measured in the same run: moto's own ceiling (one plain GET of the weights file, the
-fastest this S3 server moves those bytes) and the bare engine (`kvfleet engine serve` on a local
-copy, no launcher, no cache): what no launcher can go below. Results: medians over --repeats,
+fastest this S3 server moves those bytes) and the bare engine (`kvfleet engine serve --compile on`
+on a local copy with its compile cache already on local disk, no launcher): what no launcher can go
+below; also the bare engine compiling from scratch and the bare engine eager. Results: medians over --repeats,
 ratios against cold and against the bare engine; JSON, Markdown and a PNG in docs/benchmarks/.
 
     .venv/bin/python bench/cold_start.py [--repeats 3] [--layers 6 --hidden 1536 --vocab 32000]
@@ -127,12 +128,16 @@ def run_launcher(spec: dict[str, Any], node: Path, endpoint: str, work: Path, wa
         log.close()
 
 
-def run_bare_engine(model: Path, work: Path) -> float:
-    """`kvfleet engine serve` on a local folder, timed from spawn to its first served token."""
+def run_bare_engine(model: Path, work: Path, compile_args: list[str], artifacts: Path | None) -> float:
+    """`kvfleet engine serve` on a local folder, timed from spawn to its first served token; with
+    ``artifacts``, its compile cache is that local directory (warm when an earlier run filled it)."""
     port = pick_free_port()
     log = (work / f"bare-{port}.log").open("wb")
     argv = [sys.executable, "-m", "kvfleet.cli", "engine", "serve", "--model", str(model), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--served-model-name", "bench", "--max-model-len", "256", "--device", "cpu"]
+    argv += compile_args
+    if artifacts is not None:
+        argv += ["--artifacts-dir", str(artifacts)]
     started = time.monotonic()
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -167,10 +172,16 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def compile_s(report: dict[str, Any]) -> float:
+    value = report["phaseDetails"]["engine_start"].get("compileSeconds")
+    return float(value) if value is not None else float("nan")
+
+
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for scenario, reports in runs.items():
         row: dict[str, Any] = {p: median([r["phases"][p] for r in reports]) for p in PHASES}
+        row["compile"] = median([compile_s(r) for r in reports])
         totals = [r["totalSeconds"] for r in reports]
         row.update(
             total=median(totals),
@@ -197,26 +208,46 @@ def write_results(result: dict[str, Any], out_dir: Path) -> None:
         f"float32 safetensors (random weights). Reference engine on CPU, moto's S3 server on loopback. "
         f"{result['repeats']} runs per scenario; medians in seconds.",
         "",
-        "| scenario | pull | artifacts | engine_start | first_ready | **total** (launch to first token) "
-        "| min-max total | vs cold | vs bare engine |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scenario | pull | artifacts | engine_start | (of which compile) | first_ready | **total** (launch to "
+        "first token) | min-max total | vs cold | vs bare engine, warm compile cache |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in SCENARIOS:
         row = s[name]
         lines.append(
             f"| {name} | {row['pull']:.2f} | {row['artifacts']:.2f} | {row['engine_start']:.2f} | "
-            f"{row['first_ready']:.2f} | **{row['total']:.2f}** | {row['totalMin']:.2f}-{row['totalMax']:.2f} | "
-            f"{row['total'] / cold:.2f}x | {row['total'] / bare:.2f}x |"
+            f"{row['compile']:.2f} | {row['first_ready']:.2f} | **{row['total']:.2f}** | "
+            f"{row['totalMin']:.2f}-{row['totalMax']:.2f} | {row['total'] / cold:.2f}x | {row['total'] / bare:.2f}x |"
         )
     b = result["baselines"]
+    nw, aw = s["node-warm"], s["artifacts-warm"]
+    restore = aw["artifacts"] + aw["compile"]
+    lines += [
+        "",
+        "Compile time without the artifact vs restore time with it (same weights on the node, medians):",
+        "",
+        "| | seconds |",
+        "|---|---|",
+        f"| compile from scratch (node-warm: `compile` column) | {nw['compile']:.2f} |",
+        f"| fetch the artifact from the bucket (artifacts-warm: `artifacts` column) | {aw['artifacts']:.2f} |",
+        f"| compile from the restored cache (artifacts-warm: `compile` column) | {aw['compile']:.2f} |",
+        f"| **restore total (fetch + cached compile)** | **{restore:.2f}** |",
+        f"| **ratio compile / restore** | **{nw['compile'] / restore:.2f}x** |",
+        f"| artifact size | {result['artifactBytes'] / 1e6:.1f} MB |",
+        "",
+        f"Launcher decisions (artifacts-warm): {'; '.join(sorted(set(result['decisions'])))}",
+    ]
     pull_rate = result["model"]["bytes"] / s["cold"]["pull"] / 1e6
     lines += [
         "",
         "Baselines, same run:",
         "",
-        f"- **bare engine** (`kvfleet engine serve` on a local copy, spawn to first token, no launcher): median "
+        f"- **bare engine, warm compile cache** (`kvfleet engine serve {' '.join(result['compileArgs'])}` on a "
+        f"local copy with its compile cache already on local disk, spawn to first token, no launcher): median "
         f"{bare:.2f} s over {len(b['bareEngineSeconds']['runs'])} runs "
-        f"(min {min(b['bareEngineSeconds']['runs']):.2f}, max {max(b['bareEngineSeconds']['runs']):.2f}).",
+        f"(min {min(b['bareEngineSeconds']['runs']):.2f}, max {max(b['bareEngineSeconds']['runs']):.2f}). "
+        f"The same engine compiling from scratch: median {b['bareColdCompileSeconds']['median']:.2f} s; eager "
+        f"(`--compile off`): median {b['bareEagerSeconds']['median']:.2f} s.",
         f"- **moto's ceiling**: one plain GET of the weights file moves {b['s3CeilingMBps']:.0f} MB/s "
         f"({b['s3CeilingSeconds']:.2f} s for {b['s3CeilingBytes'] / 1e6:.0f} MB). The cold pull ran at "
         f"{pull_rate:.0f} MB/s including manifest, checksums and the node-cache write: "
@@ -274,6 +305,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--compile-mode", choices=["dynamic", "static"], default="dynamic")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -301,6 +333,9 @@ def main() -> None:
 
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SCENARIOS}
         bare_runs: list[float] = []
+        bare_cold_runs: list[float] = []
+        bare_eager_runs: list[float] = []
+        compile_args = ["--compile", "on", "--compile-mode", args.compile_mode]
         for repeat in range(args.repeats):
             node = work / f"node-{repeat}"
 
@@ -310,7 +345,7 @@ def main() -> None:
                     "servedName": "bench",
                     "spec": {
                         "model": {"uri": f"s3://{bucket}/models/bench"},
-                        "engine": {"kind": "reference", "maxModelLen": 256},
+                        "engine": {"kind": "reference", "maxModelLen": 256, "extraArgs": compile_args},
                         "resources": {"gpus": 0},
                         "cache": {"bucket": bucket, "artifacts": {"enabled": True, "prefix": prefix}},
                     },
@@ -328,8 +363,11 @@ def main() -> None:
             runs["artifacts-warm"].append(run_launcher(spec(prefix), node, endpoint, work, wait_push=False))
             print(f"repeat {repeat + 1}/{args.repeats}: all-warm", flush=True)
             runs["all-warm"].append(run_launcher(spec(prefix), node, endpoint, work, wait_push=False))
-            print(f"repeat {repeat + 1}/{args.repeats}: bare engine", flush=True)
-            bare_runs.append(run_bare_engine(model, work))
+            print(f"repeat {repeat + 1}/{args.repeats}: bare engine (cold compile, then warm)", flush=True)
+            bare_cache = work / f"bare-cache-{repeat}"
+            bare_cold_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
+            bare_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
+            bare_eager_runs.append(run_bare_engine(model, work, ["--compile", "off"], None))
             for name in SCENARIOS:
                 r = runs[name][-1]
                 print(
@@ -337,7 +375,11 @@ def main() -> None:
                     + " ".join(f"{p}={r['phases'][p]:.2f}" for p in PHASES),
                     flush=True,
                 )
-            print(f"  bare engine     {bare_runs[-1]:.2f}s", flush=True)
+            print(
+                f"  bare engine     warm cache {bare_runs[-1]:.2f}s, cold compile {bare_cold_runs[-1]:.2f}s, "
+                f"eager {bare_eager_runs[-1]:.2f}s",
+                flush=True,
+            )
 
         checks = {
             "coldPulledFromS3": all(r["phaseDetails"]["pull"]["source"] == "s3" for r in runs["cold"]),
@@ -351,7 +393,14 @@ def main() -> None:
                 r["phaseDetails"]["artifacts"]["source"] == "bucket" for r in runs["artifacts-warm"]
             ),
             "allWarmFromNode": all(r["phaseDetails"]["artifacts"]["source"] == "node-cache" for r in runs["all-warm"]),
+            "compiledEveryStart": all(compile_s(r) > 0 for s in SCENARIOS for r in runs[s]),
+            "compileCacheHitWhenRestored": all(
+                r["phaseDetails"]["engine_start"].get("compileCacheHit")
+                for s in ("artifacts-warm", "all-warm")
+                for r in runs[s]
+            ),
         }
+        artifact_sizes = [r["phaseDetails"]["artifacts"].get("sizeBytes", 0) for r in runs["artifacts-warm"]]
         result = {
             "command": "python bench/cold_start.py " + " ".join(sys.argv[1:]),
             "repeats": args.repeats,
@@ -366,8 +415,13 @@ def main() -> None:
             },
             "checks": checks,
             "summary": summarise(runs),
+            "compileArgs": compile_args,
+            "artifactBytes": median([float(x) for x in artifact_sizes]),
+            "decisions": [r["phaseDetails"]["artifacts"].get("reason", "") for r in runs["artifacts-warm"]],
             "baselines": {
                 "bareEngineSeconds": {"median": median(bare_runs), "runs": bare_runs},
+                "bareColdCompileSeconds": {"median": median(bare_cold_runs), "runs": bare_cold_runs},
+                "bareEagerSeconds": {"median": median(bare_eager_runs), "runs": bare_eager_runs},
                 "s3CeilingSeconds": ceiling_s,
                 "s3CeilingBytes": ceiling_bytes,
                 "s3CeilingMBps": ceiling_bytes / ceiling_s / 1e6,

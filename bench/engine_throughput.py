@@ -142,14 +142,20 @@ class HFBaseline:
 
 # -- kvfleet --------------------------------------------------------------------------------
 class KvfleetEngine:
-    def __init__(self, model_dir: Path, device: str, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, model_dir: Path, device: str, max_num_batched_tokens: int, compile_choice: str = "auto", **extra: Any
+    ) -> None:
         settings = EngineSettings(
             device=device,  # type: ignore[arg-type]
             num_kv_blocks=2048,
             max_num_seqs=64,
             max_num_batched_tokens=max_num_batched_tokens,
+            compile=compile_choice,  # type: ignore[arg-type]
+            **extra,
         )
+        started = time.perf_counter()
         self.core = load_engine_core(model_dir, settings, "bench")
+        self.load_s = time.perf_counter() - started
 
     async def _one(self, engine: AsyncEngine, prompt: list[int], new_tokens: int) -> tuple[float, float, int]:
         params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -195,7 +201,7 @@ class KvfleetEngine:
 # -- the benchmark ----------------------------------------------------------------------------
 def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[str, Any]:
     vocab = args.vocab
-    kv = KvfleetEngine(model_dir, device, args.max_num_batched_tokens)
+    kv = KvfleetEngine(model_dir, device, args.max_num_batched_tokens, args.compile)
     hf = HFBaseline(model_dir, kv.core.model.device, args.hf_attn)
     warm = prompts(1, 32, vocab, seed=99)[0]
     hf.generate(warm, 4)
@@ -276,6 +282,133 @@ def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[s
     g["per_token_met"] = g["per_token_ratio_at_1"] <= 1.5
     g["prefix_met"] = g["prefix_hit_speedup"] >= 5.0
     return out
+
+
+def decode_step_s(core: Any, batch_size: int, context_tokens: int) -> float:
+    """One decode step of ``batch_size`` sequences with ``context_tokens`` of context each, through
+    the engine's own forward (its KV pools, paged attention, compiled or eager pieces)."""
+    from kvfleet.engine.paged_attention import ForwardBatch, decode_group, slot_table
+
+    bs = core.settings.block_size_tokens
+    blocks = -(-context_tokens // bs)
+    tables = [[b * blocks + j for j in range(blocks)] for b in range(batch_size)]
+    slots = slot_table(tables, bs)
+    dev = core.model.device
+    batch = ForwardBatch(
+        token_ids=torch.randint(300, core.model.config.vocab_size, (batch_size,), device=dev),
+        positions=torch.full((batch_size,), context_tokens - 1, device=dev),
+        slot_mapping=slots[:, context_tokens - 1].clone().to(dev),
+        groups=(decode_group(slice(0, batch_size), slots, [context_tokens] * batch_size, dev),),
+        logits_rows=torch.arange(batch_size, device=dev),
+    )
+    start = time.perf_counter()
+    core.model.forward(batch, core.k_pools, core.v_pools)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - start
+
+
+def run_compile_compare(args: argparse.Namespace, model_dir: Path, device: str) -> dict[str, Any]:
+    """The compiled engine against the same engine eager, at 1 and ``--concurrency`` concurrent:
+    is the compile step worth paying at all? The two alternate run by run so load swings hit both."""
+    import tempfile
+
+    if args.threads:
+        # Fewer threads than cores keeps the comparison sane on a shared machine: torch's
+        # intra-op threads spin at barriers, and an oversubscribed core stalls all of them.
+        torch.set_num_threads(args.threads)
+    engines: dict[str, KvfleetEngine] = {"eager": KvfleetEngine(model_dir, device, args.max_num_batched_tokens, "off")}
+    for mode in args.compile_modes:
+        # An empty compile cache of its own: the compile is measured from scratch.
+        with tempfile.TemporaryDirectory(prefix="kvfleet-bench-compile-") as cache:
+            engines[mode] = KvfleetEngine(
+                model_dir, device, args.max_num_batched_tokens, "on", compile_mode=mode, artifacts_dir=Path(cache)
+            )
+    warm = prompts(1, 32, args.vocab, seed=99)[0]
+    for engine in engines.values():
+        engine.run([warm], 4)
+    # Decode steps alone, the engines interleaved step by step (load swings hit all alike): what
+    # the compiled pieces change, without scheduling, sampling or the HTTP-free asyncio bridge.
+    steps: dict[str, list[float]] = {}
+    context = args.prompt_tokens + args.new_tokens // 2
+    for batch_size in (1, args.concurrency):
+        for engine in engines.values():
+            decode_step_s(engine.core, batch_size, context)
+        for _ in range(args.step_samples):
+            for name, engine in engines.items():
+                steps.setdefault(f"{name}@{batch_size}", []).append(decode_step_s(engine.core, batch_size, context))
+    step_median = {k: statistics.median(v) for k, v in steps.items()}
+    for k, v in step_median.items():
+        print(f"[{device}] decode step {k:12s} {v * 1e3:7.2f} ms", flush=True)
+    runs: list[dict[str, Any]] = []
+    for i, prompt in enumerate(prompts(args.single_requests, args.prompt_tokens, args.vocab, seed=1)):
+        for name, engine in engines.items():
+            r = engine.run([prompt], args.new_tokens)
+            runs.append({"engine": name, **asdict(r)})
+            print(f"[{device}] {name:8s} conc=1  rep={i} {r.tokens_per_s:8.1f} tok/s", flush=True)
+    for rep in range(args.repeats):
+        batch = prompts(args.concurrency, args.prompt_tokens, args.vocab, seed=100 + rep)
+        for name, engine in engines.items():
+            r = engine.run(batch, args.new_tokens)
+            runs.append({"engine": name, **asdict(r)})
+            print(f"[{device}] {name:8s} conc={args.concurrency} rep={rep} {r.tokens_per_s:8.1f} tok/s", flush=True)
+    summary: dict[str, dict[str, float]] = {}
+    for name, engine in engines.items():
+        for conc in (1, args.concurrency):
+            mine = [r for r in runs if r["engine"] == name and r["concurrency"] == conc]
+            generated = sum(r["generated"] for r in mine)
+            summary[f"{name}@{conc}"] = {
+                "tokens_per_s": generated / sum(r["wall_s"] for r in mine),
+                "per_token_s": statistics.median(t for r in mine for t in r["per_token_s"]),
+                "ttft_p50_s": pct([t for r in mine for t in r["ttft_s"]], 50),
+            }
+        summary[name] = {"load_s": engine.load_s}
+        for conc in (1, args.concurrency):
+            summary[f"{name}@{conc}"]["decode_step_s"] = step_median[f"{name}@{conc}"]
+    return {"device": device, "summary": summary, "runs": runs, "decode_steps_s": steps}
+
+
+def compile_markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = [
+        "# Compiled forward pass vs eager (reference engine)",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"Model: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, float32 random weights; "
+        f"{args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, greedy, torch threads "
+        f"{args.threads or 'default'}. Load average before/after: "
+        f"{result['load_before']} / {result['load_after']} ({result['machine']['cpus']} CPUs, torch "
+        f"{result['machine']['torch']}).",
+        "",
+        f"| device | engine | load + compile (s) | decode step @1 (ms) | decode step @{args.concurrency} (ms) | "
+        f"step vs eager @1 | step vs eager @{args.concurrency} | tok/s @1 | tok/s @{args.concurrency} | "
+        f"tok/s vs eager @1 | tok/s vs eager @{args.concurrency} |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for dev in result["devices"]:
+        s = dev["summary"]
+        e1, ec = s["eager@1"], s[f"eager@{args.concurrency}"]
+        for name in ["eager", *args.compile_modes]:
+            one, many = s[f"{name}@1"], s[f"{name}@{args.concurrency}"]
+            lines.append(
+                f"| {dev['device']} | {name} | {s[name]['load_s']:.1f} | {one['decode_step_s'] * 1e3:.2f} | "
+                f"{many['decode_step_s'] * 1e3:.2f} | {e1['decode_step_s'] / one['decode_step_s']:.2f}x | "
+                f"{ec['decode_step_s'] / many['decode_step_s']:.2f}x | {one['tokens_per_s']:.1f} | "
+                f"{many['tokens_per_s']:.1f} | {one['tokens_per_s'] / e1['tokens_per_s']:.2f}x | "
+                f"{many['tokens_per_s'] / ec['tokens_per_s']:.2f}x |"
+            )
+    lines += [
+        "",
+        f"Decode step: one batched decode forward at {args.prompt_tokens + args.new_tokens // 2} tokens of context, "
+        f"median of {args.step_samples} per engine, the engines interleaved step by step; `step vs eager` above "
+        "1 means the compiled engine is faster. tok/s: the whole engine (scheduling, sampling, prefill) on "
+        "concurrent requests.",
+        "",
+        "`load + compile` is `load_engine_core` with an empty compile cache (the compile a cold start pays; "
+        "docs/benchmarks/cold_start.md shows what restoring the cache saves). Aggregate tok/s: all generated "
+        "tokens over the wall time of that setting's runs; the engines alternate run by run.",
+    ]
+    return "\n".join(lines)
 
 
 def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
@@ -388,6 +521,17 @@ def main() -> int:
         default="sdpa",
         help="transformers' attention implementation (sdpa is its default)",
     )
+    parser.add_argument(
+        "--compile", choices=["auto", "on", "off"], default="auto", help="the engine's --compile in the main run"
+    )
+    parser.add_argument(
+        "--compare-compile",
+        action="store_true",
+        help="instead: the engine compiled (each --compile-modes) against eager, to engine_compile.{json,md}",
+    )
+    parser.add_argument("--compile-modes", nargs="+", choices=["dynamic", "static"], default=["dynamic", "static"])
+    parser.add_argument("--step-samples", type=int, default=30, help="decode steps timed per engine and batch size")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads in --compare-compile (0: torch's)")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--work-dir", type=Path, default=REPO / "bench" / ".work")
     parser.add_argument(
@@ -419,6 +563,20 @@ def main() -> int:
     devices = ["cpu"] if args.device == "cpu" else ["cuda"] if args.device == "cuda" else ["cpu"]
     if args.device == "all" and torch.cuda.is_available():
         devices.append("cuda")
+    if args.compare_compile:
+        compared: dict[str, Any] = {
+            "command": "python bench/engine_throughput.py " + " ".join(sys.argv[1:]),
+            "load_before": [round(x, 2) for x in os.getloadavg()],
+            "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.cuda.is_available()},
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "devices": [run_compile_compare(args, model_dir, d) for d in devices],
+        }
+        compared["load_after"] = [round(x, 2) for x in os.getloadavg()]
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        (args.out_dir / "engine_compile.json").write_text(json.dumps(compared, indent=2) + "\n")
+        (args.out_dir / "engine_compile.md").write_text(compile_markdown(compared, args) + "\n")
+        print(compile_markdown(compared, args))
+        return 0
     result: dict[str, Any] = {
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "machine": {

@@ -86,7 +86,35 @@ def engine() -> None:
     "--artifacts-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Reuse (or save) the weights in runtime layout here; the launcher restores it from the weight cache.",
+    help="Engine artifacts (the compile cache; runtime weights with --runtime-weights-artifact), reused when "
+    "valid; the launcher restores them from the weight cache.",
+)
+@click.option(
+    "--runtime-weights-artifact/--no-runtime-weights-artifact",
+    default=False,
+    show_default=True,
+    help="Also keep the weights in runtime layout in --artifacts-dir (as large as the weights).",
+)
+@click.option(
+    "--compile",
+    "compile_choice",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "on", "off"]),
+    help="torch.compile the forward pass; auto: on for CUDA, off on CPU (measured not to pay there).",
+)
+@click.option(
+    "--compile-mode",
+    default="dynamic",
+    show_default=True,
+    type=click.Choice(["dynamic", "static"]),
+    help="dynamic: one graph for every step size; static: one graph per --compile-sizes bucket.",
+)
+@click.option(
+    "--compile-sizes",
+    default="1,2,4,8,16",
+    show_default=True,
+    help="Static buckets: the step token counts (decode batch sizes) compiled; larger steps run eager.",
 )
 def serve(
     model_dir: Path,
@@ -106,6 +134,10 @@ def serve(
     drain_timeout_s: float,
     threads: int,
     artifacts_dir: Path | None,
+    runtime_weights_artifact: bool,
+    compile_choice: str,
+    compile_mode: str,
+    compile_sizes: str,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     from kvfleet.engine.server import serve as run_server
@@ -113,6 +145,10 @@ def serve(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        try:
+            sizes = tuple(int(n) for n in compile_sizes.split(",") if n.strip())
+        except ValueError as e:
+            raise ValueError(f"compile_sizes_tokens: {compile_sizes!r} is not a comma-separated integer list") from e
         engine_settings = EngineSettings(
             block_size_tokens=block_size,
             num_kv_blocks=kv_blocks,
@@ -126,6 +162,10 @@ def serve(
             dtype=dtype,  # type: ignore[arg-type]
             torch_threads=threads,
             artifacts_dir=artifacts_dir,
+            runtime_weights_artifact=runtime_weights_artifact,
+            compile=compile_choice,  # type: ignore[arg-type]
+            compile_mode=compile_mode,  # type: ignore[arg-type]
+            compile_sizes_tokens=sizes,
         )
         server_settings = ServerSettings(
             host=host, port=port, served_model_name=served_model_name, drain_timeout_s=drain_timeout_s

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
+from kvfleet.engine.artifacts_ready import mark_artifacts_ready
 from kvfleet.engine.block_pool import BlockPool, root_hash
+from kvfleet.engine.compiled_forward import compile_model
 from kvfleet.engine.device import resolve_device, resolve_dtype
 from kvfleet.engine.errors import PromptTooLongError
 from kvfleet.engine.metrics import EngineMetrics
@@ -299,6 +301,12 @@ def load_engine_core(
     device = resolve_device(settings.device, torch.cuda.is_available())
     dtype = resolve_dtype(settings.dtype, device, config.torch_dtype)
     tokenizer = ModelTokenizer.from_dir(model_dir, config.eos_token_ids)
-    model = load_model(config, model_dir, device, dtype, settings.artifacts_dir)
+    runtime_dir = settings.artifacts_dir if settings.runtime_weights_artifact else None
+    model, saving = load_model(config, model_dir, device, dtype, runtime_dir)
     log.info("loaded %s on %s as %s", model_dir, device, dtype)
+    compiled = None
+    if settings.compile_enabled(device.type):
+        compiled = compile_model(model, model_dir, settings)
+    if settings.artifacts_dir is not None:
+        mark_artifacts_ready(settings.artifacts_dir, compiled, saving)
     return EngineCore(model, tokenizer, settings, model_id, metrics, clock)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kvfleet.engine.errors import ModelLoadError
+from kvfleet.engine.forward_pieces import EagerPieces, ForwardPieces
 from kvfleet.engine.model_config import ModelConfig, RopeScaling, load_model_config
 from kvfleet.engine.paged_attention import ForwardBatch, paged_attention
 from kvfleet.engine.weights import load_state_dict
@@ -35,19 +36,6 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, smoothed, scaled)
     return inv_freq
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: ``[T, heads, D]``; cos/sin: ``[T, 1, D]``. The rotate-half convention of HF checkpoints."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 @dataclass
@@ -112,6 +100,7 @@ class LlamaModel:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
+        self.pieces: ForwardPieces = EagerPieces(config)
 
     @classmethod
     def from_pretrained(cls, model_dir: Path, device: torch.device, dtype: torch.dtype) -> LlamaModel:
@@ -129,25 +118,35 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, k_pools: torch.Tensor, v_pools: torch.Tensor) -> torch.Tensor:
-        """Logits (float32) for ``batch.logits_rows``, after writing the batch's K/V into the pools."""
-        c = self.config
+        """Logits (float32) for ``batch.logits_rows``, after writing the batch's K/V into the pools.
+
+        The dense parts run through ``self.pieces`` (eager, or compiled graphs with their shape
+        buckets, see ``compiled_forward.py``); paged attention always runs eager between them.
+        """
+        pieces = self.pieces
         num_tokens = batch.token_ids.shape[0]
-        q_dim, kv_dim = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        cos = self.cos.index_select(0, batch.positions).unsqueeze(1)
-        sin = self.sin.index_select(0, batch.positions).unsqueeze(1)
-        h = self.embed.index_select(0, batch.token_ids)
+        padded = pieces.padded_tokens(num_tokens)
+        token_ids, positions = batch.token_ids, batch.positions
+        if padded != num_tokens:
+            # Padding rows (token 0 at position 0) are computed and dropped before attention, so
+            # they never reach the KV pools or the logits.
+            token_ids = F.pad(token_ids, (0, padded - num_tokens))
+            positions = F.pad(positions, (0, padded - num_tokens))
+        cos = self.cos.index_select(0, positions).unsqueeze(1)
+        sin = self.sin.index_select(0, positions).unsqueeze(1)
+        h = self.embed.index_select(0, token_ids)
         for i, layer in enumerate(self.layers):
-            x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
-            q = qkv[:, :q_dim].view(num_tokens, c.num_attention_heads, c.head_dim)
-            k = qkv[:, q_dim : q_dim + kv_dim].view(num_tokens, c.num_key_value_heads, c.head_dim)
-            v = qkv[:, q_dim + kv_dim :].view(num_tokens, c.num_key_value_heads, c.head_dim)
-            q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
+            q, k, v = pieces.attn_in(h, layer.input_norm, layer.qkv_weight, layer.qkv_bias, cos, sin)
+            if padded != num_tokens:
+                q, k, v = q[:num_tokens], k[:num_tokens], v[:num_tokens]
             attn = paged_attention(q, k, v, k_pools[i], v_pools[i], batch)
-            h = h + F.linear(attn, layer.o_weight)
-            x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
-            gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down_weight)
-        h = h.index_select(0, batch.logits_rows)
-        return F.linear(rms_norm(h, self.norm, c.rms_norm_eps), self.lm_head).float()
+            if padded != num_tokens:
+                attn = F.pad(attn, (0, 0, 0, padded - num_tokens))
+            h = pieces.attn_out_mlp(h, attn, layer.o_weight, layer.post_norm, layer.gate_up_weight, layer.down_weight)
+        rows = batch.logits_rows
+        num_rows = rows.shape[0]
+        padded_rows = pieces.padded_tokens(num_rows)
+        if padded_rows != num_rows:
+            rows = F.pad(rows, (0, padded_rows - num_rows))
+        logits = pieces.logits(h.index_select(0, rows), self.norm, self.lm_head)
+        return logits[:num_rows] if padded_rows != num_rows else logits

@@ -1,10 +1,11 @@
 """Engine artifacts of the reference engine: the weights in runtime layout.
 
 Loading a Hugging Face checkpoint means fusing q/k/v and gate/up and converting to the serving
-dtype, a full pass over the weights on every start. With ``--artifacts-dir`` the engine saves the
-result (safetensors, never pickle) once it is serving, and a later start with the same directory
-loads the runtime tensors directly. This is the reference engine's counterpart of vLLM's
-torch.compile cache: derived start-up state, restored by the launcher from the weight cache.
+dtype, a full pass over the weights on every start. With ``--artifacts-dir`` and
+``--runtime-weights-artifact`` the engine saves the result (safetensors, never pickle) once it is
+serving, and a later start with the same directory loads the runtime tensors directly. Off by
+default: the copy is as large as the weights and saves only the fuse pass (docs/engine_image.md);
+the artifact that pays is the compile cache (``compile_cache.py``).
 
 The directory carries ``runtime.json``, written last, naming what the tensors were built from
 (config.json's sha256, the weight files' names and sizes, dtype, device type): anything else is
@@ -28,6 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from kvfleet.engine.errors import ModelLoadError
+from kvfleet.engine.forward_pieces import EagerPieces
 from kvfleet.engine.model import Layer, LlamaModel
 from kvfleet.engine.model_config import ModelConfig
 from kvfleet.engine.weights import load_state_dict, weight_files
@@ -70,6 +72,7 @@ def model_from_runtime(
         model.embed, model.norm = tensors["embed"], tensors["norm"]
         model.cos, model.sin = tensors["cos"], tensors["sin"]
         model.lm_head = tensors.get("lm_head", model.embed)
+        model.pieces = EagerPieces(config)
         model.layers = [
             Layer(**{name: tensors.get(f"layers.{i}.{name}") for name in _LAYER_FIELDS})  # type: ignore[arg-type]
             for i in range(config.num_hidden_layers)
@@ -128,15 +131,15 @@ def _load(directory: Path, identity: dict[str, Any], config: ModelConfig, device
 
 def load_model(
     config: ModelConfig, model_dir: Path, device: torch.device, dtype: torch.dtype, artifacts_dir: Path | None
-) -> LlamaModel:
-    """Load from runtime artifacts when valid ones exist; otherwise from the checkpoint, then save them."""
+) -> tuple[LlamaModel, threading.Thread | None]:
+    """Load from runtime artifacts when valid ones exist; otherwise from the checkpoint, then save
+    them (the thread doing so is returned, None when nothing is being saved)."""
     if artifacts_dir is None:
-        return LlamaModel(config, load_state_dict(model_dir), device, dtype)
+        return LlamaModel(config, load_state_dict(model_dir), device, dtype), None
     identity = source_identity(model_dir, dtype, device)
     model = _load(artifacts_dir, identity, config, device)
     if model is not None:
         log.info("loaded runtime artifact from %s", artifacts_dir)
-        return model
+        return model, None
     model = LlamaModel(config, load_state_dict(model_dir), device, dtype)
-    save_in_background(model, artifacts_dir, identity)
-    return model
+    return model, save_in_background(model, artifacts_dir, identity)

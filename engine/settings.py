@@ -9,6 +9,12 @@ from typing import Literal
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 DtypeChoice = Literal["auto", "float32", "bfloat16", "float16"]
+CompileChoice = Literal["auto", "on", "off"]
+CompileMode = Literal["dynamic", "static"]
+
+# Decode batch sizes compiled as static buckets (powers of two, as vLLM's CUDA-graph sizes).
+DEFAULT_COMPILE_SIZES = (1, 2, 4, 8, 16)
+MAX_COMPILE_SIZES = 16
 
 
 def _require(condition: bool, field: str, message: str) -> None:
@@ -43,8 +49,20 @@ class EngineSettings:
     # Torch intra-op threads; 0 keeps torch's default.
     torch_threads: int = 0
     seed: int = 0
-    # Runtime-layout weights saved after a load and reused by the next start (runtime_artifacts).
+    # The engine's artifacts: its torch.compile cache (compile_cache.py) and, with
+    # runtime_weights_artifact, the weights in runtime layout (runtime_artifacts.py).
     artifacts_dir: Path | None = None
+    # Also save/restore the weights in runtime layout there. Off: on CPU in float32 that copy is
+    # as large as the weights and saves only the fuse pass (docs/engine_image.md, measured).
+    runtime_weights_artifact: bool = False
+    # torch.compile the forward pass's dense pieces (compiled_forward.py). auto: on for CUDA (Triton
+    # kernels, vLLM's default there), off on CPU, where it was measured not to pay for its compile
+    # (docs/benchmarks/engine_compile.md).
+    compile: CompileChoice = "auto"
+    # dynamic: one graph with a symbolic token count (compiles fastest, serves every step size);
+    # static: one graph per size in compile_sizes_tokens, steps padded up to the next size.
+    compile_mode: CompileMode = "dynamic"
+    compile_sizes_tokens: tuple[int, ...] = DEFAULT_COMPILE_SIZES
 
     def __post_init__(self) -> None:
         _require(1 <= self.block_size_tokens <= 256, "block_size_tokens", "must be in [1, 256]")
@@ -64,6 +82,25 @@ class EngineSettings:
         _require(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", "unknown dtype")
         _require(0 < self.idle_poll_s <= 5, "idle_poll_s", "must be in (0, 5]")
         _require(0 <= self.torch_threads <= 1024, "torch_threads", "must be in [0, 1024]")
+        _require(self.compile in ("auto", "on", "off"), "compile", "must be auto, on or off")
+        _require(self.compile_mode in ("dynamic", "static"), "compile_mode", "must be dynamic or static")
+        sizes = self.compile_sizes_tokens
+        _require(
+            1 <= len(sizes) <= MAX_COMPILE_SIZES and len(set(sizes)) == len(sizes),
+            "compile_sizes_tokens",
+            f"must name 1 to {MAX_COMPILE_SIZES} distinct sizes",
+        )
+        _require(
+            all(1 <= n <= self.max_num_batched_tokens for n in sizes),
+            "compile_sizes_tokens",
+            f"every size must be in [1, max_num_batched_tokens ({self.max_num_batched_tokens})]",
+        )
+
+    def compile_enabled(self, device_type: str) -> bool:
+        """Whether to compile, with ``auto`` resolved for this device."""
+        if self.compile != "auto":
+            return self.compile == "on"
+        return device_type == "cuda"
 
 
 @dataclass(frozen=True)

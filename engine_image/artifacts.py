@@ -8,16 +8,18 @@ result (ARCHITECTURE.md). The launcher computes it with the same function as
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 from collections.abc import Sequence
 from pathlib import Path
 
 from kvfleet.spec import InferenceDeploymentSpec
-from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint, detect_accelerator, fingerprint
+from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint, cpu_capability, detect_accelerator, fingerprint
 
 # The distribution whose version identifies each engine kind's compiled code.
 ENGINE_DISTRIBUTIONS = {"vllm": "vllm", "sglang": "sglang", "reference": "kvfleet"}
 CPU = Accelerator(gpu_product="cpu", cuda_version=None, driver_version=None, device_count=0)
+
 
 # Written into an artifacts directory once it is known complete (restored from the bucket, or
 # pushed after a miss), so the next launch on this node uses it without asking the bucket.
@@ -34,7 +36,9 @@ def distribution_version(name: str) -> str:
 def probe_accelerator(want_gpu: bool) -> Accelerator:
     """What the engine compiles for. A CPU deployment is "cpu" even on a GPU node, and answering
     that needs no torch import (seconds the launcher would otherwise spend before every start)."""
-    return detect_accelerator() if want_gpu else CPU
+    if want_gpu:
+        return detect_accelerator()
+    return dataclasses.replace(CPU, capability=cpu_capability())
 
 
 def artifact_fingerprint(
@@ -50,6 +54,7 @@ def artifact_fingerprint(
         tensor_parallel_size=spec.engine.tensor_parallel_size,
         dtype=spec.engine.dtype,
         engine_args=engine_argv,
+        torch_version=distribution_version("torch"),
     )
 
 

@@ -19,11 +19,13 @@ from pathlib import Path
 
 from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.weight_cache import (
+    ArtifactOffer,
     ChecksumMismatchError,
     NodeCacheSettings,
     PullSettings,
     S3Settings,
     WeightCacheError,
+    describe_artifact,
     make_client,
     pull_artifacts,
     pull_model,
@@ -122,17 +124,20 @@ class CacheArtifacts:
         location = f"s3://{spec.cache.bucket}/{spec.cache.artifacts.prefix}"
         return cls(client or make_client(s3_settings(spec)), location)
 
-    def fetch(self, fp: Fingerprint, dest: Path) -> bool:
+    def describe(self, fp: Fingerprint) -> ArtifactOffer:
+        return describe_artifact(self._client, self._location, fp)
+
+    def fetch(self, fp: Fingerprint, dest: Path, offer: ArtifactOffer) -> bool:
         try:
-            result = pull_artifacts(self._client, self._location, fp, dest)
+            result = pull_artifacts(self._client, self._location, fp, dest, offer=offer)
         except WeightCacheError as e:
             raise LaunchError("artifacts", str(e)) from e
         if not result.hit:
             log.info("artifacts %s: miss (%s)", fp.key, result.reason)
         return result.hit
 
-    def push(self, fp: Fingerprint, src: Path) -> None:
+    def push(self, fp: Fingerprint, src: Path, build_seconds: float | None) -> None:
         try:
-            push_artifacts(self._client, src, self._location, fp)
+            push_artifacts(self._client, src, self._location, fp, build_seconds=build_seconds)
         except WeightCacheError as e:
             raise LaunchError("serve", f"artifact push failed: {e}") from e

@@ -21,11 +21,16 @@ from kvfleet.spec import EngineSpec, InferenceDeploymentSpec
 VLLM_CACHE_SUBDIR = "vllm"
 INDUCTOR_CACHE_SUBDIR = "inductor"
 TRITON_CACHE_SUBDIR = "triton"
+DEEP_GEMM_CACHE_SUBDIR = "deep_gemm"
 REFERENCE_ARTIFACTS_SUBDIR = "reference"
 
-# The file the reference engine writes last when its runtime artifact is saved (after it is ready,
-# in the background): the launcher pushes only once it exists. Engine's runtime_artifacts.META_FILE.
-REFERENCE_ARTIFACTS_MARKER = "runtime.json"
+# The file the reference engine writes once its artifacts directory is complete (compile cache,
+# and runtime weights when asked for): the launcher pushes only once it exists, and not at all
+# when it says the directory is empty. Engine's artifacts_ready.READY_FILE.
+REFERENCE_ARTIFACTS_MARKER = "artifacts.json"
+# This start's compile (hit or miss, seconds, reason), copied into the launcher's phase log.
+# Engine's compile_cache.START_REPORT.
+REFERENCE_COMPILE_REPORT = "compile-start.json"
 
 # SGLang names fp8 KV caches by their exact format; "fp8" means e4m3 in vLLM's convention too.
 SGLANG_KV_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
@@ -129,8 +134,11 @@ def render_vllm(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCo
         argv += ["--quantization", engine.quantization]
     env = _compile_cache_env(inputs.artifacts_dir)
     if inputs.artifacts_dir is not None:
-        # VLLM_CACHE_ROOT holds vLLM's torch.compile cache (torch_compile_cache/) among others.
+        # VLLM_CACHE_ROOT holds vLLM's torch.compile cache (torch_compile_cache/<hash>/rank_<r>_<dp>/,
+        # where vLLM also points Inductor and Triton itself) among others; DeepGEMM's JIT kernels
+        # (FP8 models) live apart from it. docs/engine_image.md has the whole contract.
         env["VLLM_CACHE_ROOT"] = str(inputs.artifacts_dir / VLLM_CACHE_SUBDIR)
+        env["DG_JIT_CACHE_DIR"] = str(inputs.artifacts_dir / DEEP_GEMM_CACHE_SUBDIR)
     return EngineCommand(argv=(*argv, *engine.extra_args), env=env)
 
 
@@ -227,9 +235,9 @@ def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> Eng
     notes = []
     if spec.resources.gpus >= 1 and engine.gpu_memory_utilization != 0.9:
         notes.append("engine.gpuMemoryUtilization is ignored: the reference engine sizes its KV cache by --kv-blocks")
-    return EngineCommand(
-        argv=(*argv, *engine.extra_args), env=_compile_cache_env(inputs.artifacts_dir), notes=tuple(notes)
-    )
+    # The engine points Inductor and Triton at <artifacts>/reference itself (compile_cache.py), so
+    # its whole cache is one directory it can vouch for; no cache variables are set here.
+    return EngineCommand(argv=(*argv, *engine.extra_args), env={}, notes=tuple(notes))
 
 
 def artifacts_ready_marker(kind: str) -> str | None:

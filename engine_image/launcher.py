@@ -30,8 +30,17 @@ from aiohttp import web
 from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint
 
+from .artifact_decision import choose_rate, decide, measured_rate, read_node_rate, record_node_rate
 from .artifacts import artifact_fingerprint, is_complete, mark_complete, probe_accelerator
-from .engine_args import EngineCommand, RenderError, RenderInputs, artifacts_ready_marker, render_engine_command
+from .engine_args import (
+    REFERENCE_ARTIFACTS_SUBDIR,
+    REFERENCE_COMPILE_REPORT,
+    EngineCommand,
+    RenderError,
+    RenderInputs,
+    artifacts_ready_marker,
+    render_engine_command,
+)
 from .errors import EngineExitedError, LaunchError, SpecError
 from .launch_spec import LaunchSpec
 from .metrics_server import ColdStartMetrics, make_app, start_metrics_server
@@ -69,6 +78,16 @@ class _ArtifactsState:
     directory: Path | None = None
     hit: bool = False
     pushed: bool = False
+    # The start-up work the engine did that the artifact would replace (seconds), for the push.
+    build_seconds: float | None = None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _log_event(event: str, **fields: Any) -> None:
@@ -157,6 +176,12 @@ class Launcher:
             self._weights = weights
             detail.update(source=weights.source, digest=weights.digest, bytesFetched=weights.bytes_fetched)
         self.metrics.set_cache_hit("node", weights.node_cache_hit)
+        pull = self.recorder.records.get("pull")
+        rate = measured_rate(weights.bytes_fetched, pull.seconds, "node record") if pull else None
+        if rate is not None:
+            # What this node gets from the bucket: the next launch's artifact decision reads it.
+            with contextlib.suppress(OSError):
+                await self._in_thread(record_node_rate, self.settings.artifacts_dir, rate)
         return weights
 
     async def _restore_artifacts(self, weights: PulledWeights) -> Path | None:
@@ -177,8 +202,7 @@ class Launcher:
             else:
                 # A directory left by an earlier launch that never completed is not trusted.
                 await self._in_thread(shutil.rmtree, directory, True)
-                state.hit = await self._fetch_artifacts(store, fp, directory)
-                source = "bucket" if state.hit else "miss"
+                state.hit, source = await self._from_bucket(store, fp, directory, detail)
                 if state.hit:
                     mark_complete(directory)
             directory.mkdir(parents=True, exist_ok=True)
@@ -186,10 +210,45 @@ class Launcher:
         self.metrics.set_cache_hit("artifacts", state.hit)
         return directory
 
-    async def _fetch_artifacts(self, store: ArtifactStore, fp: Fingerprint, directory: Path) -> bool:
+    async def _from_bucket(
+        self, store: ArtifactStore, fp: Fingerprint, directory: Path, detail: dict[str, Any]
+    ) -> tuple[bool, str]:
+        """Fetch the artifact when the bucket has one and fetching it beats rebuilding; (hit, source)."""
+        offer = await self._in_thread(store.describe, fp)
+        if not offer.found:
+            detail.update(reason=offer.reason)
+            return False, "miss"
+        root = self.settings.artifacts_dir
+        pull = self.recorder.records.get("pull")
+        pulled = self._weights.bytes_fetched if self._weights else 0
+        candidates = [
+            measured_rate(pulled, pull.seconds, "this launch's weight pull") if pull else None,
+            await self._in_thread(read_node_rate, root),
+        ]
+        rate = choose_rate(candidates, self.settings.artifact_decision)
+        decision = decide(offer.size_bytes, offer.build_seconds, rate, self.settings.artifact_decision)
+        detail.update(
+            reason=decision.reason,
+            sizeBytes=offer.size_bytes,
+            buildSeconds=offer.build_seconds,
+            expectedFetchSeconds=round(decision.expected_fetch_s, 4),
+        )
+        _log_event("artifacts_decision", fingerprint=fp.key, use=decision.use, reason=decision.reason)
+        if not decision.use:
+            return False, "skipped"
+        started = self.deps.clock()
+        hit = await self._fetch_artifacts(store, fp, directory, offer)
+        seconds = self.deps.clock() - started
+        detail.update(fetchSeconds=round(seconds, 4))
+        sample = measured_rate(offer.size_bytes, seconds, "node record") if hit else None
+        if sample is not None:
+            await self._in_thread(record_node_rate, root, sample)
+        return hit, "bucket" if hit else "miss"
+
+    async def _fetch_artifacts(self, store: ArtifactStore, fp: Fingerprint, directory: Path, offer: Any) -> bool:
         # Artifacts only make a start faster: a bucket that fails here costs a rebuild, not the launch.
         try:
-            return await self._in_thread(store.fetch, fp, directory)
+            return await self._in_thread(store.fetch, fp, directory, offer)
         except LaunchError as e:
             _log_event("artifacts_unavailable", fingerprint=fp.key, reason=e.reason)
             await self._in_thread(shutil.rmtree, directory, True)
@@ -214,7 +273,12 @@ class Launcher:
             async with asyncio.timeout(self.settings.artifact_push_timeout_s):
                 if marker is not None:
                     await self._wait_for_file(state.directory / marker)
-                await self._in_thread(store.push, state.fingerprint, state.directory)
+                    if _read_json(state.directory / marker).get("empty"):
+                        _log_event(
+                            "artifacts_push_skipped", fingerprint=state.fingerprint.key, reason="the engine built none"
+                        )
+                        return
+                await self._in_thread(store.push, state.fingerprint, state.directory, state.build_seconds)
         except (TimeoutError, LaunchError) as e:
             limit_s = self.settings.artifact_push_timeout_s
             reason = e.reason if isinstance(e, LaunchError) else f"timed out after {limit_s:g} s"
@@ -232,14 +296,38 @@ class Launcher:
                 raise LaunchError("serve", f"engine exited before it wrote {path.name}")
             await asyncio.sleep(ARTIFACT_POLL_S)
 
+    def _compile_detail(self, engine_start_s: float) -> dict[str, Any]:
+        """What the engine's compile did this start (reference engine: its own report), and the
+        build time an artifact pushed after this start replaces."""
+        state = self._artifacts
+        if state.directory is None:
+            return {}
+        report = _read_json(state.directory / REFERENCE_ARTIFACTS_SUBDIR / REFERENCE_COMPILE_REPORT)
+        if self.launch.spec.engine.kind == "reference":
+            if not report:
+                return {"compile": False}
+            if not report.get("cacheHit"):
+                state.build_seconds = float(report.get("compileSeconds", 0.0))
+            return {
+                "compileSeconds": report.get("compileSeconds"),
+                "compileCacheHit": report.get("cacheHit"),
+                "compileReason": report.get("reason"),
+            }
+        # vLLM and SGLang compile inside their start; without their own report, the whole start
+        # is the (upper-bound) build time the artifact replaces.
+        state.build_seconds = engine_start_s
+        return {}
+
     async def _run_phases(self, session: aiohttp.ClientSession) -> int:
         weights = await self._pull()
         artifacts_dir = await self._restore_artifacts(weights)
         command = self._render(weights.path, artifacts_dir)
         with self.recorder.phase("engine_start") as detail:
+            started = self.deps.clock()
             self._engine = engine = await self._start_engine(command)
             detail.update(pid=engine.pid)
             await wait_healthy(engine, self.settings.engine_url, self.settings.readiness, session)
+            detail.update(self._compile_detail(self.deps.clock() - started))
         with self.recorder.phase("first_ready"):
             await serve_first_token(
                 engine, self.settings.engine_url, self.launch.served_name, self.settings.readiness, session

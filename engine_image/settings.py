@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .artifact_decision import DecisionSettings
 from .engine_args import ReferenceEngineSizing
 from .readiness import ReadinessSettings
 from .supervisor import StopSettings
@@ -45,6 +46,8 @@ class LauncherSettings:
     readiness: ReadinessSettings = field(default_factory=ReadinessSettings)
     stop: StopSettings = field(default_factory=StopSettings)
     reference: ReferenceEngineSizing = field(default_factory=ReferenceEngineSizing)
+    # When an artifact in the bucket is worth fetching (artifact_decision.py).
+    artifact_decision: DecisionSettings = field(default_factory=DecisionSettings)
 
     def __post_init__(self) -> None:
         _port(self.engine_port, "engine_port")

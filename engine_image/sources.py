@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from kvfleet.weight_cache.artifacts import ArtifactOffer
 from kvfleet.weight_cache.fingerprint import Fingerprint
 
 from .errors import LaunchError
@@ -50,12 +51,16 @@ class WeightPuller(Protocol):
 class ArtifactStore(Protocol):
     """Fingerprinted engine artifacts (compile caches) in the weight cache bucket."""
 
-    def fetch(self, fp: Fingerprint, dest: Path) -> bool:
+    def describe(self, fp: Fingerprint) -> ArtifactOffer:
+        """What the bucket holds for ``fp`` (size, build time), read before fetching anything."""
+        ...
+
+    def fetch(self, fp: Fingerprint, dest: Path, offer: ArtifactOffer) -> bool:
         """Unpack the artifacts for ``fp`` into ``dest`` (absent or empty); False when there are none."""
         ...
 
-    def push(self, fp: Fingerprint, src: Path) -> None:
-        """Upload ``src`` as the artifacts for ``fp``."""
+    def push(self, fp: Fingerprint, src: Path, build_seconds: float | None) -> None:
+        """Upload ``src`` as the artifacts for ``fp``, recording the start-up work it replaces."""
         ...
 
 

@@ -12,7 +12,14 @@ thin layer over it::
         pull_artifacts(client, "s3://bucket/artifacts", fp, compile_cache_dir)
 """
 
-from kvfleet.weight_cache.artifacts import ArtifactPullResult, ArtifactPushResult, pull_artifacts, push_artifacts
+from kvfleet.weight_cache.artifacts import (
+    ArtifactOffer,
+    ArtifactPullResult,
+    ArtifactPushResult,
+    describe_artifact,
+    pull_artifacts,
+    push_artifacts,
+)
 from kvfleet.weight_cache.download import FetchedManifest, PullResult, fetch_manifest, pull_to_dir
 from kvfleet.weight_cache.errors import (
     ArtifactError,
@@ -39,6 +46,7 @@ from kvfleet.weight_cache.settings import NodeCacheSettings, PopulateSettings, P
 __all__ = [
     "Accelerator",
     "ArtifactError",
+    "ArtifactOffer",
     "ArtifactPullResult",
     "ArtifactPushResult",
     "ChecksumMismatchError",
@@ -65,6 +73,7 @@ __all__ = [
     "TransferError",
     "UnsafePathError",
     "WeightCacheError",
+    "describe_artifact",
     "detect_accelerator",
     "fetch_manifest",
     "fingerprint",

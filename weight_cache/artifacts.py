@@ -25,6 +25,7 @@ from kvfleet.weight_cache.fingerprint import Fingerprint
 from kvfleet.weight_cache.manifest import sha256_file
 from kvfleet.weight_cache.s3 import S3Client, S3Uri, error_code, get_bytes
 from kvfleet.weight_cache.safety import check_relative_path
+from kvfleet.weight_cache.settings import PullSettings
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,21 @@ MAX_SIDECAR_BYTES = 64 << 10
 # vLLM's compile cache is tens to hundreds of MB; engine builds (TensorRT) a few GB.
 DEFAULT_MAX_ARTIFACT_BYTES = 32 << 30
 
-# Artifacts move as one tarball. boto3's default 8 MiB parts mean 128 requests per GiB; the weight
-# pull's 32 MiB parts (PullSettings.part_size_bytes) cut the per-request overhead fourfold, and
+
+# Artifacts move as one tarball, in the weight pull's parallel ranged parts: the same part size and
+# connections in flight as PullSettings (s3transfer's ranged GETs above one part). boto3's default
+# 8 MiB parts mean 128 requests per GiB; 32 MiB parts cut the per-request overhead fourfold, and
 # servers that read the whole object for every ranged GET (moto) pay it a quarter as often.
-_ARTIFACT_TRANSFER = TransferConfig(
-    max_concurrency=8, multipart_threshold=32 * 1024 * 1024, multipart_chunksize=32 * 1024 * 1024
-)
+def transfer_config(settings: PullSettings | None = None) -> TransferConfig:
+    pull = settings or PullSettings()
+    return TransferConfig(
+        max_concurrency=pull.concurrency,
+        multipart_threshold=pull.part_size_bytes,
+        multipart_chunksize=pull.part_size_bytes,
+    )
+
+
+_ARTIFACT_TRANSFER = transfer_config()
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,22 @@ class ArtifactPushResult:
     size_bytes: int
     sha256: str
     skipped: bool  # an artifact for this fingerprint was already there
+
+
+@dataclass(frozen=True)
+class ArtifactOffer:
+    """What the bucket holds for a fingerprint, read from the sidecar before any tarball byte:
+    enough to decide whether fetching it beats rebuilding it."""
+
+    found: bool
+    reason: str
+    key: str
+    size_bytes: int = 0
+    sha256: str = ""
+    # The engine's start-up work this artifact replaces, as measured when it was built (None for
+    # artifacts pushed without it).
+    build_seconds: float | None = None
+    warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +97,8 @@ def push_artifacts(
     *,
     overwrite: bool = False,
     max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+    build_seconds: float | None = None,
+    transfer: TransferConfig = _ARTIFACT_TRANSFER,
 ) -> ArtifactPushResult:
     """Tar ``src_dir`` (regular files and directories only) and upload it under ``fp``'s key."""
     uri = S3Uri.parse(location_uri)
@@ -91,8 +119,10 @@ def push_artifacts(
             if size > max_bytes:
                 raise ArtifactError(f"{src_dir}: artifact is {size} bytes, more than the {max_bytes} allowed")
             digest = sha256_file(tar_path)
-            client.upload_file(str(tar_path), uri.bucket, tar_key, Config=_ARTIFACT_TRANSFER)
-        sidecar = {"sha256": digest, "sizeBytes": size, "fingerprint": fp.to_wire()}
+            client.upload_file(str(tar_path), uri.bucket, tar_key, Config=transfer)
+        sidecar: dict[str, object] = {"sha256": digest, "sizeBytes": size, "fingerprint": fp.to_wire()}
+        if build_seconds is not None:
+            sidecar["buildSeconds"] = round(build_seconds, 4)
         client.put_object(Bucket=uri.bucket, Key=sum_key, Body=json.dumps(sidecar, sort_keys=True).encode())
     except (ClientError, BotoCoreError) as e:
         raise ArtifactError(f"push of artifact {fp.key} to {uri} failed: {e}") from e
@@ -125,24 +155,17 @@ def _write_tar(src_dir: Path, tar_path: Path, fp: Fingerprint) -> None:
                     tar.addfile(member)
 
 
-def pull_artifacts(
-    client: S3Client,
-    location_uri: str,
-    fp: Fingerprint,
-    dest: Path,
-    *,
-    max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
-) -> ArtifactPullResult:
-    """Restore the artifact for ``fp`` into ``dest`` (absent or empty). A hit or a miss, with why."""
+def describe_artifact(
+    client: S3Client, location_uri: str, fp: Fingerprint, *, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES
+) -> ArtifactOffer:
+    """Read ``fp``'s sidecar: found (with size and build time), or why not. Never raises on a bad artifact."""
     uri = S3Uri.parse(location_uri)
-    tar_key, sum_key = artifact_keys(uri, fp)
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise ArtifactError(f"{dest}: artifacts are restored into an absent or empty directory")
+    _, sum_key = artifact_keys(uri, fp)
 
-    def miss(reason: str, *, warn: bool, size: int = 0) -> ArtifactPullResult:
+    def miss(reason: str, *, warn: bool, size: int = 0) -> ArtifactOffer:
         if warn:
             log.warning("artifact %s ignored: %s", fp.key, reason)
-        return ArtifactPullResult(hit=False, reason=reason, key=fp.key, size_bytes=size, warning=warn)
+        return ArtifactOffer(found=False, reason=reason, key=fp.key, size_bytes=size, warning=warn)
 
     try:
         raw = get_bytes(client, uri.bucket, sum_key, MAX_SIDECAR_BYTES)
@@ -154,18 +177,54 @@ def pull_artifacts(
         sidecar = json.loads(raw)
         want_sha, size = str(sidecar["sha256"]), int(sidecar["sizeBytes"])
         stored_fp = sidecar["fingerprint"]
+        build = sidecar.get("buildSeconds")
+        build_seconds = float(build) if build is not None else None
     except (ValueError, KeyError, TypeError):
         return miss(f"{sum_key} is not a valid checksum file", warn=True)
     if stored_fp != fp.to_wire():
         return miss(f"{sum_key} was built for a different fingerprint; never loaded", warn=True)
     if size > max_bytes:
         return miss(f"artifact is {size} bytes, more than the {max_bytes} accepted", warn=True, size=size)
+    return ArtifactOffer(
+        found=True, reason="in the bucket", key=fp.key, size_bytes=size, sha256=want_sha, build_seconds=build_seconds
+    )
+
+
+def pull_artifacts(
+    client: S3Client,
+    location_uri: str,
+    fp: Fingerprint,
+    dest: Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+    offer: ArtifactOffer | None = None,
+    transfer: TransferConfig = _ARTIFACT_TRANSFER,
+) -> ArtifactPullResult:
+    """Restore the artifact for ``fp`` into ``dest`` (absent or empty). A hit or a miss, with why.
+    ``offer`` is :func:`describe_artifact`'s answer when the caller already read the sidecar."""
+    uri = S3Uri.parse(location_uri)
+    tar_key, _ = artifact_keys(uri, fp)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ArtifactError(f"{dest}: artifacts are restored into an absent or empty directory")
+
+    def miss(reason: str, *, warn: bool, size: int = 0) -> ArtifactPullResult:
+        if warn:
+            log.warning("artifact %s ignored: %s", fp.key, reason)
+        return ArtifactPullResult(hit=False, reason=reason, key=fp.key, size_bytes=size, warning=warn)
+
+    if offer is None:
+        offer = describe_artifact(client, location_uri, fp, max_bytes=max_bytes)
+    if not offer.found:
+        return ArtifactPullResult(
+            hit=False, reason=offer.reason, key=fp.key, size_bytes=offer.size_bytes, warning=offer.warning
+        )
+    want_sha, size = offer.sha256, offer.size_bytes
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".kvfleet-artifact-", dir=dest.parent) as tmp:
         tar_path = Path(tmp) / "artifact.tar"
         try:
-            client.download_file(uri.bucket, tar_key, str(tar_path), Config=_ARTIFACT_TRANSFER)
+            client.download_file(uri.bucket, tar_key, str(tar_path), Config=transfer)
         except (ClientError, BotoCoreError) as e:
             return miss(f"cannot download {tar_key}: {error_code(e) if isinstance(e, ClientError) else e}", warn=True)
         got_sha = sha256_file(tar_path)

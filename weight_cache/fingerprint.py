@@ -44,6 +44,13 @@ COMPILE_FLAGS = frozenset(
         "--attention-backend",
         "--override-generation-config",
         "--hf-overrides",
+        # The reference engine's compile flags (its --block-size, --max-num-seqs and
+        # --max-num-batched-tokens share vLLM's names above).
+        "--compile",
+        "--compile-mode",
+        "--compile-sizes",
+        "--runtime-weights-artifact",
+        "--no-runtime-weights-artifact",
     }
 )
 
@@ -77,6 +84,11 @@ class Fingerprint(BaseModel):
     gpu_product: str = Field(min_length=1, max_length=128)
     cuda_version: str | None = Field(default=None, max_length=32)
     driver_version: str | None = Field(default=None, max_length=64)
+    # The compute capability (sm_90) on CUDA, the vector ISA (AVX2, AVX512) on CPU: compiled
+    # kernels are specialised to it.
+    device_capability: str | None = Field(default=None, max_length=32)
+    # torch.compile's output depends on torch's version even where the engine's does not change.
+    torch_version: str | None = Field(default=None, max_length=64)
     tensor_parallel_size: int = Field(ge=1, le=64)
     dtype: str = Field(min_length=1, max_length=32)
     compile_flags: tuple[str, ...] = Field(default=(), max_length=256)
@@ -96,6 +108,26 @@ class Accelerator:
     cuda_version: str | None
     driver_version: str | None
     device_count: int
+    capability: str | None = None  # sm_XY on CUDA; the CPU's vector ISA (cpu_capability) on CPU
+
+
+def cpu_capability(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The vector ISA Inductor's C++ kernels are built for, read from the CPU flags (no torch
+    import; the same levels as ``torch.backends.cpu.get_cpu_capability``)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return "unknown"
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            break
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return "AVX512"
+    if {"avx2", "fma"} <= flags:
+        return "AVX2"
+    return "DEFAULT"
 
 
 class _Cuda(Protocol):
@@ -134,11 +166,16 @@ def detect_accelerator(torch_module: _Torch | None = None, driver_file: Path | N
     cuda = module.cuda
     if not cuda.is_available():
         return Accelerator(gpu_product="cpu", cuda_version=None, driver_version=None, device_count=0)
+    capability = None
+    if hasattr(cuda, "get_device_capability"):
+        major, minor = cuda.get_device_capability(0)
+        capability = f"sm_{major}{minor}"
     return Accelerator(
         gpu_product=cuda.get_device_name(0).replace(" ", "-"),
         cuda_version=getattr(module.version, "cuda", None),
         driver_version=read_driver_version(driver_file) if driver_file else read_driver_version(),
         device_count=cuda.device_count(),
+        capability=capability,
     )
 
 
@@ -151,6 +188,7 @@ def fingerprint(
     tensor_parallel_size: int,
     dtype: str,
     engine_args: Sequence[str] = (),
+    torch_version: str | None = None,
 ) -> Fingerprint:
     return Fingerprint(
         engine_name=engine_name,
@@ -159,6 +197,8 @@ def fingerprint(
         gpu_product=accelerator.gpu_product,
         cuda_version=accelerator.cuda_version,
         driver_version=accelerator.driver_version,
+        device_capability=accelerator.capability,
+        torch_version=torch_version,
         tensor_parallel_size=tensor_parallel_size,
         dtype=dtype,
         compile_flags=compile_relevant_args(engine_args),

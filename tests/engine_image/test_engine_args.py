@@ -149,9 +149,11 @@ ENV_CASES = [
     ("vllm", "VLLM_CACHE_ROOT", f"{ART}/vllm", True),
     ("vllm", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
     ("vllm", "TRITON_CACHE_DIR", f"{ART}/triton", True),
+    ("vllm", "DG_JIT_CACHE_DIR", f"{ART}/deep_gemm", True),
     ("sglang", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
     ("sglang", "TRITON_CACHE_DIR", f"{ART}/triton", True),
-    ("reference", "TORCHINDUCTOR_CACHE_DIR", f"{ART}/inductor", True),
+    # The reference engine points Inductor at <artifacts>/reference/inductor itself (compile_cache.py).
+    ("reference", "TORCHINDUCTOR_CACHE_DIR", None, True),
     ("vllm", "VLLM_CACHE_ROOT", None, False),
     ("reference", "TORCHINDUCTOR_CACHE_DIR", None, False),
 ]

@@ -24,6 +24,7 @@ from kvfleet.engine_image.launcher import LaunchDeps, Launcher
 from kvfleet.engine_image.settings import LauncherSettings
 from kvfleet.engine_image.sources import LocalWeights
 from kvfleet.spec import InferenceDeploymentSpec
+from kvfleet.weight_cache.artifacts import ArtifactOffer
 from kvfleet.weight_cache.fingerprint import Fingerprint
 from tests.conftest import pick_free_port
 
@@ -49,14 +50,18 @@ class DirArtifactStore:
         self.release_push.set()
         self.pushed: list[str] = []
 
-    def fetch(self, fp: Fingerprint, dest: Path) -> bool:
+    def describe(self, fp: Fingerprint) -> ArtifactOffer:
+        found = (self.root / fp.key).is_dir()
+        return ArtifactOffer(found=found, reason="in the directory" if found else "none", key=fp.key, size_bytes=10)
+
+    def fetch(self, fp: Fingerprint, dest: Path, offer: ArtifactOffer) -> bool:
         src = self.root / fp.key
         if not src.is_dir():
             return False
         shutil.copytree(src, dest, dirs_exist_ok=True)
         return True
 
-    def push(self, fp: Fingerprint, src: Path) -> None:
+    def push(self, fp: Fingerprint, src: Path, build_seconds: float | None) -> None:
         if not self.release_push.wait(timeout=30):
             raise LaunchError("serve", "push was never released")
         shutil.copytree(src, self.root / fp.key, dirs_exist_ok=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvfleet.engine.artifacts_ready import READY_FILE
 from kvfleet.engine.model import LlamaModel
 from kvfleet.engine.model_config import load_model_config
 from kvfleet.engine.runtime_artifacts import (
@@ -48,7 +49,7 @@ def same_model(a: LlamaModel, b: LlamaModel) -> None:
 def test_miss_saves_then_hit_loads_the_same_model(tmp_path: Path, tiny: Path, dtype: torch.dtype) -> None:
     config = load_model_config(tiny)
     artifacts = tmp_path / "artifacts"
-    first = load_model(config, tiny, CPU, dtype, artifacts)
+    first = load_model(config, tiny, CPU, dtype, artifacts)[0]
     # The save runs in the background; runtime.json, written last, says it finished.
     for _ in range(600):
         if (artifacts / META_FILE).exists():
@@ -57,7 +58,7 @@ def test_miss_saves_then_hit_loads_the_same_model(tmp_path: Path, tiny: Path, dt
     assert (artifacts / RUNTIME_FILE).is_file()
     meta = json.loads((artifacts / META_FILE).read_text())
     assert meta == source_identity(tiny, dtype, CPU)
-    second = load_model(config, tiny, CPU, dtype, artifacts)
+    second = load_model(config, tiny, CPU, dtype, artifacts)[0]
     same_model(first, second)
     assert second.layers[0].qkv_weight.dtype == dtype
     reference = LlamaModel(
@@ -69,7 +70,7 @@ def test_miss_saves_then_hit_loads_the_same_model(tmp_path: Path, tiny: Path, dt
 def test_other_settings_or_weights_are_never_loaded(tmp_path: Path, tiny: Path) -> None:
     config = load_model_config(tiny)
     artifacts = tmp_path / "artifacts"
-    model = load_model(config, tiny, CPU, torch.float32, None)
+    model = load_model(config, tiny, CPU, torch.float32, None)[0]
     save_sync(model, artifacts, source_identity(tiny, torch.float32, CPU))
     # Poison the saved tensors: if they were loaded, the embedding would be all 7s.
     from safetensors.torch import load_file, save_file
@@ -77,8 +78,9 @@ def test_other_settings_or_weights_are_never_loaded(tmp_path: Path, tiny: Path) 
     tensors = load_file(str(artifacts / RUNTIME_FILE))
     tensors["embed"] = torch.full_like(tensors["embed"], 7.0)
     save_file(tensors, str(artifacts / RUNTIME_FILE))
-    assert bool((load_model(config, tiny, CPU, torch.float32, artifacts).embed == 7.0).all())  # same identity: loaded
-    rebuilt = load_model(config, tiny, CPU, torch.bfloat16, artifacts)  # other dtype: rebuilt from weights
+    same_identity = load_model(config, tiny, CPU, torch.float32, artifacts)[0]
+    assert bool((same_identity.embed == 7.0).all())  # same identity: loaded
+    rebuilt = load_model(config, tiny, CPU, torch.bfloat16, artifacts)[0]  # other dtype: rebuilt from weights
     assert not bool((rebuilt.embed == 7.0).all())
 
 
@@ -88,10 +90,10 @@ def test_unreadable_artifact_is_rebuilt(tmp_path: Path, tiny: Path) -> None:
     artifacts.mkdir()
     (artifacts / META_FILE).write_text(json.dumps(source_identity(tiny, torch.float32, CPU), sort_keys=True))
     (artifacts / RUNTIME_FILE).write_bytes(b"not safetensors")
-    model = load_model(config, tiny, CPU, torch.float32, artifacts)
+    model = load_model(config, tiny, CPU, torch.float32, artifacts)[0]
     assert model.layers[0].qkv_weight.shape[0] > 0
 
 
 def test_launcher_waits_for_the_engines_own_marker() -> None:
-    assert artifacts_ready_marker("reference") == f"{REFERENCE_ARTIFACTS_SUBDIR}/{META_FILE}"
+    assert artifacts_ready_marker("reference") == f"{REFERENCE_ARTIFACTS_SUBDIR}/{READY_FILE}"
     assert artifacts_ready_marker("vllm") is None  # vLLM's compile cache is complete when it is ready

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvfleet.weight_cache import Accelerator, ArtifactError, Fingerprint, fingerprint, pull_artifacts, push_artifacts
-from kvfleet.weight_cache.artifacts import artifact_keys
+from kvfleet.weight_cache.artifacts import artifact_keys, describe_artifact, transfer_config
 from kvfleet.weight_cache.s3 import S3Client, S3Uri
+from kvfleet.weight_cache.settings import PullSettings
 from tests.weight_cache.conftest import tree_bytes, write_model
 
 H100 = Accelerator(gpu_product="NVIDIA-H100-80GB-HBM3", cuda_version="12.4", driver_version="550.54.15", device_count=1)
@@ -51,6 +52,43 @@ def test_push_then_pull_is_a_hit(s3: S3Client, bucket: str, compile_cache: Path,
     result = pull_artifacts(s3, where, _fp(), tmp_path / "restored")
     assert result.hit and not result.warning and result.size_bytes == pushed.size_bytes
     assert tree_bytes(tmp_path / "restored") == tree_bytes(compile_cache)
+
+
+def test_the_sidecar_says_what_the_artifact_replaces_before_any_tarball_byte(
+    s3: S3Client, bucket: str, compile_cache: Path
+) -> None:
+    where = f"s3://{bucket}/artifacts"
+    absent = describe_artifact(s3, where, _fp())
+    assert not absent.found and absent.reason == "no artifact for this fingerprint"
+    pushed = push_artifacts(s3, compile_cache, where, _fp(), build_seconds=42.123456)
+    offer = describe_artifact(s3, where, _fp())
+    assert offer.found and offer.size_bytes == pushed.size_bytes and offer.sha256 == pushed.sha256
+    assert offer.build_seconds == 42.1235
+    # Another torch or device capability is another fingerprint: not offered.
+    assert not describe_artifact(s3, where, _fp(torch_version="2.12.0")).found
+
+
+def test_an_artifact_moves_in_parallel_ranged_parts_like_weights(s3: S3Client, bucket: str, tmp_path: Path) -> None:
+    big = write_model(tmp_path / "cache", {"inductor/kernels.so": 700_000, "inductor/graph.py": 1000})
+    where = f"s3://{bucket}/artifacts"
+    small_parts = transfer_config(PullSettings(part_size_bytes=256 * 1024, concurrency=4))
+    push_artifacts(s3, big, where, _fp(), transfer=small_parts)
+    ranges: list[str] = []
+
+    def record(request: object, **_: object) -> None:
+        headers = getattr(request, "headers", {})
+        if str(getattr(request, "url", "")).endswith(".tar") and "Range" in headers:
+            value = headers["Range"]
+            ranges.append(value.decode() if isinstance(value, bytes) else str(value))
+
+    s3.meta.events.register("before-send.s3.GetObject", record)
+    try:
+        result = pull_artifacts(s3, where, _fp(), tmp_path / "restored", transfer=small_parts)
+    finally:
+        s3.meta.events.unregister("before-send.s3.GetObject", record)
+    assert result.hit and tree_bytes(tmp_path / "restored") == tree_bytes(big)
+    # About 700 kB in 256 KiB parts: three ranged GETs, not one stream.
+    assert len(ranges) == 3 and all(r.startswith("bytes=") for r in ranges)
 
 
 def test_fingerprint_mismatch_is_a_clean_miss(

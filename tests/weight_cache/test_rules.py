@@ -182,6 +182,8 @@ def test_fingerprint_changes_with_every_field() -> None:
         {"accelerator": Accelerator("NVIDIA-A100", "12.4", "550.54", 1)},
         {"accelerator": Accelerator("NVIDIA-H100-80GB-HBM3", "12.1", "550.54", 1)},
         {"accelerator": Accelerator("NVIDIA-H100-80GB-HBM3", "12.4", "535.1", 1)},
+        {"accelerator": Accelerator("NVIDIA-H100-80GB-HBM3", "12.4", "550.54", 1, capability="sm_90")},
+        {"torch_version": "2.12.0"},
         {"tensor_parallel_size": 2},
         {"dtype": "float16"},
         {"engine_args": ["--max-model-len", "8192"]},
