@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from kvfleet.cli_options import manifest_files
+from kvfleet.cli_options import manifest_files, output_format
 
 # name -> ("module:attribute", one-line help). A component adds its group here.
 LAZY_GROUPS: dict[str, tuple[str, str]] = {
@@ -80,7 +80,7 @@ def validate(files: tuple[Path, ...]) -> None:
 
 @cli.command()
 @manifest_files("Manifest file (several documents allowed); repeat for more files.")
-@click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@output_format(default="yaml")
 def plan(files: tuple[Path, ...], output: str) -> None:
     """Print the child objects the operator would create (a dry run, no cluster needed)."""
     import json

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from kvfleet.cli_options import manifest_files
+from kvfleet.cli_options import format_data, manifest_files, output_format
 from kvfleet.local_settings import LocalSettings, LocalSettingsError
 
 DEFAULT_STATE_DIR = Path(".kvfleet/local")
@@ -89,9 +88,10 @@ def up(
 @click.option(
     "--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path)
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
-@click.option("--watch", is_flag=True, help="Redraw every second until Ctrl-C.")
-def status(url: str | None, state_dir: Path, as_json: bool, watch: bool) -> None:
+@output_format(default="table", human="table")
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Deprecated: -o json.")
+@click.option("--watch", is_flag=True, help="Redraw every second until Ctrl-C (the table only).")
+def status(url: str | None, state_dir: Path, output: str, as_json: bool, watch: bool) -> None:
     """Show a running `kvfleet local up`: replicas, queue, requests/s, TTFT, prefix hits, scaling."""
     import urllib.error
     import urllib.request
@@ -117,7 +117,12 @@ def status(url: str | None, state_dir: Path, as_json: bool, watch: bool) -> None
             raise click.ClickException(f"cannot reach {url}: {e}") from e
 
     if as_json:
-        click.echo(json.dumps(fetch().model_dump(mode="json"), indent=2))
+        click.echo("kvfleet local status: --json is deprecated; use -o json", err=True)
+        output = "json"
+    if output != "table":
+        if watch:
+            raise click.UsageError("--watch redraws the table; drop it or -o")
+        click.echo(format_data(fetch().model_dump(mode="json"), output), nl=False)
         return
     console = Console()
     if not watch:
