@@ -21,7 +21,7 @@ LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "artifacts": ("kvfleet.weight_cache.cli:artifacts", "Push and pull fingerprinted engine artifacts."),
     "router": ("kvfleet.router.cli:router", "Run the OpenAI-compatible, prefix-aware router."),
     "engine": ("kvfleet.engine.cli:engine", "Serve a model with the reference engine, or build a tiny test model."),
-    "local": ("kvfleet.local_cli:local", "Run deployments on this machine: engines, router, autoscaler."),
+    "local": ("kvfleet.local.cli:local", "Run deployments on this machine: engines, router, autoscaler."),
     "dev": ("kvfleet.devcluster.cli:dev", "A local Kubernetes control plane with fake GPU nodes (no Docker)."),
 }
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from kvfleet.cli_options import format_data, manifest_files, output_format
-from kvfleet.local_settings import LocalSettings, LocalSettingsError
+from kvfleet.local.settings import LocalSettings, LocalSettingsError
 
 DEFAULT_STATE_DIR = Path(".kvfleet/local")
 
@@ -58,7 +58,7 @@ def up(
 
     # Local engines are reference-engine processes: say what to install before starting anything.
     require_engine_extra("kvfleet local up")
-    from kvfleet.local_runtime import LocalRunError, load_manifests, run_until_signalled
+    from kvfleet.local.runtime import LocalRunError, load_manifests, run_until_signalled
 
     try:
         settings = LocalSettings(
@@ -99,7 +99,7 @@ def status(url: str | None, state_dir: Path, output: str, as_json: bool, watch: 
     from rich.console import Console
     from rich.live import Live
 
-    from kvfleet.local_status import STATUS_PATH, LocalStatus, read_endpoint_file, render_status
+    from kvfleet.local.status import STATUS_PATH, LocalStatus, read_endpoint_file, render_status
 
     if url is None:
         try:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from kvfleet.cli import cli
-from kvfleet.local_status import (
+from kvfleet.local.status import (
     DeploymentStatus,
     LocalStatus,
     ReplicaStatus,
