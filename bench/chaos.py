@@ -37,11 +37,11 @@ from typing import Any
 import aiohttp
 
 from kvfleet.engine.tiny_model import make_tiny_model
-from kvfleet.local_actuator import DeploymentProcesses
-from kvfleet.local_metrics import scrape_engine, total_inflight
-from kvfleet.local_models import EngineLaunch
-from kvfleet.local_runtime import RouterRegistry
-from kvfleet.local_settings import ProcessSettings
+from kvfleet.local.actuator import DeploymentProcesses
+from kvfleet.local.metrics import scrape_engine, total_inflight
+from kvfleet.local.models import EngineLaunch
+from kvfleet.local.runtime import RouterRegistry
+from kvfleet.local.settings import ProcessSettings
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings

@@ -1,5 +1,10 @@
 """Weight-pull benchmark: kvfleet's pull vs boto3 and the AWS CLI on one loopback S3 server.
 
+The baselines are boto3's default (download_file per file), boto3's TransferManager tuned the way
+a careful user would (every file submitted at once, 16 threads, 32 MiB parts; and with parts as
+large as the largest file, the fastest request shape on this server), and `aws s3 cp --recursive`.
+The report sets kvfleet against the best of them, not only the default.
+
 Every method downloads the same multi-file model from the same moto server (run as its own
 process, so the client's and the server's Python do not share a GIL), in the same run, in
 rotating order, several times; the report gives medians and ratios. The server's own ceiling is
@@ -141,6 +146,27 @@ def boto3_download_file(endpoint: str, keys: dict[str, int], dest: Path) -> None
         client.download_file(BUCKET, key, str(target))
 
 
+def boto3_transfer_manager(endpoint: str, keys: dict[str, int], dest: Path, threads: int, part_bytes: int) -> None:
+    """boto3 tuned: one TransferManager, every file submitted at once (files download concurrently),
+    ``threads`` workers and connections, ``part_bytes`` ranges (a file at or below it is one GET)."""
+    from boto3.s3.transfer import TransferConfig
+    from s3transfer.manager import TransferManager
+
+    # Twice the threads: the manager's own requests (HEAD per file) must not evict a worker's connection.
+    client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=2 * threads))
+    config = TransferConfig(
+        multipart_threshold=part_bytes,
+        multipart_chunksize=part_bytes,
+        max_concurrency=threads,
+        max_io_queue=1000,
+        io_chunksize=1 * MiB,
+    )
+    with TransferManager(client, config) as manager:
+        futures = [manager.download(BUCKET, key, str(dest / key.rsplit("/", 1)[1])) for key in keys]
+        for future in futures:
+            future.result()
+
+
 def aws_cli_cp(aws: str, endpoint: str, dest: Path) -> None:
     env = {**os.environ, **CREDS}
     source = f"s3://{BUCKET}/{PREFIX}/"
@@ -184,10 +210,15 @@ def disk_write_fsync(dest: Path, sizes: dict[str, int]) -> None:
 
 
 BOTO3 = "boto3 download_file per file (default TransferConfig)"
+TUNED_THREADS = 16
+TUNED_PART = 32 * MiB
+BOTO3_TUNED = f"boto3 TransferManager tuned (all files at once, {TUNED_THREADS} threads, 32 MiB parts)"
+BOTO3_TUNED_WHOLE = f"boto3 TransferManager tuned (all files at once, {TUNED_THREADS} threads, part >= largest file)"
 AWSCLI = "aws s3 cp --recursive"
 KV_DEFAULT = "kvfleet pull (defaults)"
 KV_WHOLE = "kvfleet pull (part size >= largest file)"
 KV_WHOLE_NOSYNC = "kvfleet pull (part size >= largest file, no fsync)"
+KV_WHOLE_16 = "kvfleet pull (part size >= largest file, 16 in flight: tuned boto3's threads)"
 CEIL_RANGED = "server ceiling: raw ranged GETs at kvfleet's default part size"
 CEIL_WHOLE = "server ceiling: one raw GET per file"
 DISK = "disk ceiling: write + fsync the same bytes"
@@ -230,6 +261,7 @@ def main() -> None:
         defaults = PullSettings()
         whole = PullSettings(part_size_bytes=-(-max(sizes.values()) // MiB) * MiB)
         whole_nosync = whole.model_copy(update={"fsync": False})
+        whole_16 = whole.model_copy(update={"concurrency": TUNED_THREADS})
 
         def fresh(name: str) -> Path:
             path = scratch / name
@@ -249,9 +281,14 @@ def main() -> None:
             CEIL_WHOLE: lambda: raw_whole_gets(endpoint, keys, defaults.concurrency),
             DISK: lambda: disk_write_fsync(fresh("disk"), sizes),
             BOTO3: lambda: boto3_download_file(endpoint, keys, fresh("boto3")),
+            BOTO3_TUNED: lambda: boto3_transfer_manager(endpoint, keys, fresh("boto3"), TUNED_THREADS, TUNED_PART),
+            BOTO3_TUNED_WHOLE: lambda: boto3_transfer_manager(
+                endpoint, keys, fresh("boto3"), TUNED_THREADS, whole.part_size_bytes
+            ),
             KV_DEFAULT: kvfleet(defaults),
             KV_WHOLE: kvfleet(whole),
             KV_WHOLE_NOSYNC: kvfleet(whole_nosync),
+            KV_WHOLE_16: kvfleet(whole_16),
         }
         if aws:
             methods[AWSCLI] = lambda: aws_cli_cp(aws, endpoint, fresh("awscli"))
@@ -331,7 +368,16 @@ def summarize(
     }
     if AWSCLI in med:
         ratios["kvfleet_best_vs_awscli_throughput"] = med[AWSCLI] / med[KV_WHOLE]
+    # Against the best baseline of all, and the tuned baseline at kvfleet's default request shape.
+    baselines = [name for name in (BOTO3, BOTO3_TUNED, BOTO3_TUNED_WHOLE, AWSCLI) if name in med]
+    best_baseline = min(baselines, key=lambda name: med[name])
+    kv_best = min((KV_WHOLE, KV_WHOLE_16), key=lambda name: med[name])
+    ratios["kvfleet_best_vs_best_baseline_throughput"] = med[best_baseline] / med[kv_best]
+    ratios["kvfleet_defaults_vs_tuned_boto3_same_parts_throughput"] = med[BOTO3_TUNED] / med[KV_DEFAULT]
+    ratios["kvfleet_whole_16_vs_tuned_boto3_whole_files_throughput"] = med[BOTO3_TUNED_WHOLE] / med[KV_WHOLE_16]
     return {
+        "best_baseline": best_baseline,
+        "kvfleet_best": kv_best,
         "model_bytes": total,
         "files": files,
         "rounds": rounds,
@@ -370,6 +416,21 @@ def write_reports(results: dict[str, Any], out: Path) -> None:
     def verdict(ok: bool) -> str:
         return "met" if ok else "NOT met"
 
+    best = results.get("best_baseline", BOTO3)
+    best_line = (
+        f"| kvfleet at its best, {results.get('kvfleet_best', KV_WHOLE).removeprefix('kvfleet pull ')}, "
+        f"vs the best baseline, {best} | "
+        f"{r['kvfleet_best_vs_best_baseline_throughput']:.2f}x | >= 1x | "
+        f"{verdict(r['kvfleet_best_vs_best_baseline_throughput'] >= 1)} |\n"
+        f"| kvfleet (defaults) vs boto3 tuned at the same 32 MiB parts | "
+        f"{r['kvfleet_defaults_vs_tuned_boto3_same_parts_throughput']:.2f}x | >= 1x | "
+        f"{verdict(r['kvfleet_defaults_vs_tuned_boto3_same_parts_throughput'] >= 1)} |\n"
+        f"| kvfleet (whole-file parts, 16 in flight) vs boto3 tuned the same way (16 threads, whole files) | "
+        f"{r['kvfleet_whole_16_vs_tuned_boto3_whole_files_throughput']:.2f}x | >= 1x | "
+        f"{verdict(r['kvfleet_whole_16_vs_tuned_boto3_whole_files_throughput'] >= 1)} |\n"
+        if "kvfleet_best_vs_best_baseline_throughput" in r
+        else ""
+    )
     aws_line = (
         f"| kvfleet (part size >= largest file) vs `aws s3 cp --recursive` | "
         f"{r['kvfleet_best_vs_awscli_throughput']:.2f}x | >= 2x | "
@@ -396,6 +457,7 @@ def write_reports(results: dict[str, Any], out: Path) -> None:
             vs_both_ok=verdict(r["kvfleet_vs_min_of_server_and_disk_ceiling_throughput"] >= 0.9),
             def_vs_ranged=r["kvfleet_defaults_vs_ranged_ceiling_throughput"],
             aws_line=aws_line,
+            best_line=best_line,
             hit=nc["hit_median_s"] * 1000,
             hit_read=nc["hit_plus_read_median_s"],
             cat=nc["cat_median_s"],
@@ -444,7 +506,11 @@ The machine has {cpus} CPU cores shared by the server, the client and other engi
 numbers are noisy: the largest spread (max - min, over the median) of any row was {max_spread:.0f}%.
 kvfleet verifies the sha256 of every file while downloading and fsyncs each file before its atomic
 rename; boto3 and the AWS CLI do neither. kvfleet's defaults: {concurrency} ranged GETs in flight,
-{part_mib} MiB parts.
+{part_mib} MiB parts. Besides boto3's default (`download_file` one file after another, 8 MiB
+ranges, 10 threads), boto3 runs tuned as a careful user would run it: one `TransferManager` with
+every file submitted at once, 16 threads and connections, 32 MiB parts, and again with parts as
+large as the largest file (one GET per file, files in parallel: the fastest shape on this server,
+the same shape as kvfleet's whole-file row).
 
 | method | median s | MB/s | spread |
 |---|---|---|---|
@@ -454,7 +520,7 @@ rename; boto3 and the AWS CLI do neither. kvfleet's defaults: {concurrency} rang
 
 | comparison | measured | goal | |
 |---|---|---|---|
-| kvfleet (part size >= largest file) vs boto3 default | {best_vs_boto:.2f}x | >= 2x | {best_vs_boto_ok} |
+{best_line}| kvfleet (part size >= largest file) vs boto3 default | {best_vs_boto:.2f}x | >= 2x | {best_vs_boto_ok} |
 {aws_line}| kvfleet, no fsync, vs the server's ceiling | {nosync_vs_ceiling:.2f}x | >= 0.9x | {nosync_ok} |
 | kvfleet (with fsync) vs the slower of server and disk ceilings | {vs_both:.2f}x | >= 0.9x | {vs_both_ok} |
 | node-cache hit + reading the bytes vs `cat` of them | {hit_vs_cat:.2f}x | <= 1.2x | {hit_ok} |
@@ -478,6 +544,14 @@ what kvfleet's durability costs on this machine's virtual disk; with fsync on, a
 the slower of the server's and the disk's ceilings. kvfleet starts writeback while chunks arrive
 (`sync_file_range`), so the final fsync mostly finds the data already on disk. The "no fsync" row
 isolates the download and hashing path for the comparison with the server's ceiling.
+
+**Against tuned boto3.** Tuned as a careful user would (every file at once, 16 connections), boto3
+is a strong baseline on this server, and with whole-file parts it is the best of the baselines.
+It does less per byte than kvfleet: no sha256 of the bytes against the manifest, no fsync, no
+atomic rename, so a crash or a corrupt object leaves a model it cannot tell from a good one. The
+"no fsync" row takes the disk out of kvfleet's figure; the hash (one pass over every byte on the
+same 2 cores moto uses) stays, because verification is the point of the cache. Where kvfleet
+trails the best baseline, that is the price of those guarantees on this machine, measured.
 
 {gap}**Node cache.** A hit (manifest GET, lock, lease, size check of every file) took {hit:.1f} ms.
 A hit plus reading every byte once (what the engine's loader does next) took {hit_read:.2f} s, against

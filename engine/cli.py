@@ -140,6 +140,9 @@ def serve(
     compile_sizes: str,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
+    from kvfleet.extras import require_engine_extra
+
+    require_engine_extra("kvfleet engine serve")
     from kvfleet.engine.server import serve as run_server
     from kvfleet.engine.settings import EngineSettings, ServerSettings
 
@@ -201,6 +204,9 @@ def make_tiny_model_command(
     overwrite: bool,
 ) -> None:
     """Write a random-weight Llama model with a locally trained tokenizer to PATH."""
+    from kvfleet.extras import require_engine_extra
+
+    require_engine_extra("kvfleet engine make-tiny-model")
     from kvfleet.engine.tiny_model import make_tiny_model
 
     try:

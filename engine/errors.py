@@ -21,6 +21,8 @@ class RequestError(EngineError):
 
     status = 400
     error_type = "invalid_request_error"
+    # OpenAI's machine-readable code for the few cases its SDKs and clients look for.
+    code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -35,12 +37,15 @@ class InvalidRequestError(RequestError):
 class PromptTooLongError(InvalidRequestError):
     """Prompt (plus the tokens to generate) does not fit the model's context or the KV pool (400)."""
 
+    code = "context_length_exceeded"
+
 
 class UnknownModelError(RequestError):
     """The ``model`` field names a model this server does not serve (404)."""
 
     status = 404
     error_type = "not_found_error"
+    code = "model_not_found"
 
 
 class OverloadedError(RequestError):
@@ -48,6 +53,7 @@ class OverloadedError(RequestError):
 
     status = 429
     error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)

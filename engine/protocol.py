@@ -7,8 +7,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvfleet.engine.errors import InvalidRequestError
+from kvfleet.engine.errors import InvalidRequestError, RequestError
 from kvfleet.engine.sampling import SamplingParams
+from kvfleet.openai_shape import error_body
 
 MAX_STOP_STRINGS = 16
 
@@ -183,8 +184,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def error_body(message: str, error_type: str, status: int, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+def request_error_body(e: RequestError) -> dict[str, Any]:
+    return error_body(e.message, e.error_type, param=e.param, code=e.code)
 
 
 def now_s() -> int:

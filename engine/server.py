@@ -33,12 +33,13 @@ from kvfleet.engine.metrics import EngineMetrics
 from kvfleet.engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    error_body,
     now_s,
     parse_request,
+    request_error_body,
     usage,
 )
 from kvfleet.engine.settings import EngineSettings, ServerSettings
+from kvfleet.openai_shape import error_body, method_not_allowed_body, model_object, not_found_body
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def _error_response(e: RequestError) -> web.Response:
     headers = {}
     if isinstance(e, OverloadedError | DrainingError):
         headers["Retry-After"] = str(e.retry_after_s)
-    return web.json_response(error_body(e.message, e.error_type, e.status, e.param), status=e.status, headers=headers)
+    return web.json_response(request_error_body(e), status=e.status, headers=headers)
 
 
 @web.middleware
@@ -98,11 +99,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except RequestError as e:
         return _error_response(e)
+    except web.HTTPMethodNotAllowed as e:  # aiohttp's own answers are plain text: OpenAI-shaped instead
+        allowed = ", ".join(sorted(e.allowed_methods))
+        body = method_not_allowed_body(request.method, request.path, allowed)
+        return web.json_response(body, status=405, headers={"Allow": allowed})
+    except web.HTTPNotFound:
+        return web.json_response(not_found_body(request.method, request.path), status=404)
     except EngineDeadError as e:
-        return web.json_response(error_body(str(e), "internal_error", 500), status=500)
+        return web.json_response(error_body(str(e), "internal_error"), status=500)
     except EngineError as e:
         log.exception("engine error on %s", request.path)
-        return web.json_response(error_body(str(e), "internal_error", 500), status=500)
+        return web.json_response(error_body(str(e), "internal_error"), status=500)
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -139,6 +146,8 @@ async def _outputs(request: web.Request, stream: RequestStream, poll_s: float) -
 class Handlers:
     def __init__(self, state: ServerState) -> None:
         self.state = state
+        # The model object's ``created``: when this server started serving it, the same on every call.
+        self._created_unix_s = now_s()
 
     async def health(self, request: web.Request) -> web.Response:
         try:
@@ -149,18 +158,20 @@ class Handlers:
             )
         return web.Response(status=200)
 
-    async def models(self, request: web.Request) -> web.Response:
+    def _model_card(self) -> dict[str, Any]:
         engine = self.state.engine
-        card: dict[str, Any] = {
-            "id": self.state.served_model_name,
-            "object": "model",
-            "created": now_s(),
-            "owned_by": "kvfleet",
-            "root": self.state.served_model_name,
-        }
+        card = model_object(self.state.served_model_name, created_unix_s=self._created_unix_s)
         if engine is not None:
             card["max_model_len"] = engine.core.max_model_len
-        return web.json_response({"object": "list", "data": [card]})
+        return card
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}`` (the id may hold slashes, as served names often do)."""
+        self._check_model(request.match_info["model_id"])
+        return web.json_response(self._model_card())
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.state.metrics.registry)
@@ -289,13 +300,7 @@ class Handlers:
                     await send({**self._envelope(stream, chat, True), "choices": [choice(None, None, first=True)]})
                     role_sent = True
                 if output.finish_reason == "error":
-                    await send(
-                        {
-                            "error": error_body("the engine failed while serving this request", "internal_error", 500)[
-                                "error"
-                            ]
-                        }
-                    )
+                    await send(error_body("the engine failed while serving this request", "internal_error"))
                     break
                 if output.text_delta or output.finished:
                     reason = output.finish_reason if output.finished else None
@@ -323,6 +328,7 @@ def create_app(state: ServerState) -> web.Application:
     h = Handlers(state)
     app.router.add_get("/health", h.health)
     app.router.add_get("/v1/models", h.models)
+    app.router.add_get("/v1/models/{model_id:.+}", h.model)
     app.router.add_get("/metrics", h.metrics)
     app.router.add_post("/v1/completions", h.completions)
     app.router.add_post("/v1/chat/completions", h.chat)

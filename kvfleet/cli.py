@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from kvfleet.cli_options import manifest_files
+from kvfleet.cli_options import manifest_files, output_format
 
 # name -> ("module:attribute", one-line help). A component adds its group here.
 LAZY_GROUPS: dict[str, tuple[str, str]] = {
@@ -21,7 +21,7 @@ LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "artifacts": ("kvfleet.weight_cache.cli:artifacts", "Push and pull fingerprinted engine artifacts."),
     "router": ("kvfleet.router.cli:router", "Run the OpenAI-compatible, prefix-aware router."),
     "engine": ("kvfleet.engine.cli:engine", "Serve a model with the reference engine, or build a tiny test model."),
-    "local": ("kvfleet.local_cli:local", "Run deployments on this machine: engines, router, autoscaler."),
+    "local": ("kvfleet.local.cli:local", "Run deployments on this machine: engines, router, autoscaler."),
     "dev": ("kvfleet.devcluster.cli:dev", "A local Kubernetes control plane with fake GPU nodes (no Docker)."),
 }
 
@@ -80,7 +80,7 @@ def validate(files: tuple[Path, ...]) -> None:
 
 @cli.command()
 @manifest_files("Manifest file (several documents allowed); repeat for more files.")
-@click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@output_format(default="yaml")
 def plan(files: tuple[Path, ...], output: str) -> None:
     """Print the child objects the operator would create (a dry run, no cluster needed)."""
     import json

@@ -22,3 +22,35 @@ def manifest_files(help_text: str) -> Callable[[F], F]:
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
         help=help_text,
     )
+
+
+# kubectl's convention: -o/--output names a format (never a file); a file to write is --file.
+DATA_FORMATS = ("json", "yaml")
+
+
+def output_format(*, default: str | None = None, human: str | None = None) -> Callable[[F], F]:
+    """``-o/--output json|yaml`` (plus ``human``, e.g. ``table``, where the command has a human view),
+    passed as ``output``. ``default`` None: the command does something else unless -o is given."""
+    choices = [human, *DATA_FORMATS] if human else list(DATA_FORMATS)
+    return click.option(
+        "-o",
+        "--output",
+        "output",
+        type=click.Choice(choices),
+        default=default,
+        show_default=default is not None,
+        help="Print in this format.",
+    )
+
+
+def format_data(data: object, output: str) -> str:
+    """``data`` (JSON-able) as ``output`` (json or yaml), ending in a newline."""
+    if output == "json":
+        import json
+
+        return json.dumps(data, indent=2) + "\n"
+    if output == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(data, sort_keys=False))
+    raise ValueError(f"unknown output format {output!r}")

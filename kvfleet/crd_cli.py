@@ -17,7 +17,14 @@ def crd() -> None:
 
 @crd.command()
 @click.option("--check", is_flag=True, help="Fail (exit 1) when the file differs from what the models generate.")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=CRD_PATH, show_default=True)
+@click.option(
+    "--file",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=CRD_PATH,
+    show_default=True,
+    help="The CRD file to write or check.",
+)
 def generate(check: bool, output: Path) -> None:
     """Write crds/inferencedeployments.kvfleet.io.yaml from the API types."""
     if check:

@@ -13,6 +13,8 @@ import click
 import yaml
 from pydantic import ValidationError
 
+from kvfleet.cli_options import format_data, output_format
+
 from .rbac import DEFAULT_NAMESPACE, INSTALL_PATH, PEERING_NAME, render_install
 from .settings import OperatorSettings
 
@@ -82,21 +84,34 @@ def run(
 
 @operator.command()
 @click.option("--namespace", default=DEFAULT_NAMESPACE, show_default=True, help="Namespace of the operator.")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=INSTALL_PATH, show_default=True)
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=INSTALL_PATH,
+    show_default=True,
+    help="The manifest file to write or check.",
+)
 @click.option("--check", is_flag=True, help="Fail when the file differs from what would be written.")
-@click.option("--stdout", "to_stdout", is_flag=True, help="Print instead of writing the file.")
-def manifests(namespace: str, output: Path, check: bool, to_stdout: bool) -> None:
-    """Write the operator's ServiceAccount, RBAC and peering objects (the chart's source)."""
-    text = HEADER + yaml.safe_dump_all(render_install(namespace), sort_keys=False)
-    if to_stdout:
+@output_format()
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print YAML instead of writing the file (same as -o yaml).")
+def manifests(namespace: str, path: Path, check: bool, output: str | None, to_stdout: bool) -> None:
+    """Write the operator's ServiceAccount, RBAC and peering objects (the chart's source); with
+    -o, print them instead (json: one v1 List)."""
+    objects = render_install(namespace)
+    text = HEADER + yaml.safe_dump_all(objects, sort_keys=False)
+    if output == "json":
+        click.echo(format_data({"apiVersion": "v1", "kind": "List", "items": objects}, "json"), nl=False)
+        return
+    if output == "yaml" or to_stdout:
         click.echo(text, nl=False)
         return
     if check:
-        current = output.read_text() if output.exists() else ""
+        current = path.read_text() if path.exists() else ""
         if current != text:
-            click.echo(f"{output} is stale; run `kvfleet operator manifests`", err=True)
+            click.echo(f"{path} is stale; run `kvfleet operator manifests`", err=True)
             sys.exit(1)
         return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
-    click.echo(f"wrote {os.path.relpath(output)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    click.echo(f"wrote {os.path.relpath(path)}")

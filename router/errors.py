@@ -5,15 +5,18 @@ from __future__ import annotations
 
 
 class RouterError(Exception):
-    """A request the router answers itself, with ``status``, an OpenAI-style ``kind`` and a reason."""
+    """A request the router answers itself, with ``status``, an OpenAI-style ``kind`` (the body's
+    ``type``), a string ``code`` or None, the request field at fault (``param``) and a reason."""
 
     status = 500
     kind = "internal_error"
+    code: str | None = None
 
-    def __init__(self, reason: str, *, retry_after_s: int | None = None) -> None:
+    def __init__(self, reason: str, *, retry_after_s: int | None = None, param: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after_s = retry_after_s
+        self.param = param
 
 
 class BadRequestError(RouterError):
@@ -28,6 +31,7 @@ class PayloadTooLargeError(RouterError):
 
     status = 413
     kind = "request_too_large"
+    code = "request_too_large"
 
 
 class ModelNotFoundError(RouterError):
@@ -35,6 +39,10 @@ class ModelNotFoundError(RouterError):
 
     status = 404
     kind = "model_not_found"
+    code = "model_not_found"
+
+    def __init__(self, reason: str, *, retry_after_s: int | None = None, param: str | None = "model") -> None:
+        super().__init__(reason, retry_after_s=retry_after_s, param=param)
 
 
 class QueueFullError(RouterError):
@@ -42,6 +50,7 @@ class QueueFullError(RouterError):
 
     status = 429
     kind = "queue_full"
+    code = "queue_full"
 
 
 class QueueTimeoutError(RouterError):
@@ -49,6 +58,7 @@ class QueueTimeoutError(RouterError):
 
     status = 503
     kind = "no_replica_ready"
+    code = "no_replica_ready"
 
 
 class UpstreamError(RouterError):
@@ -56,6 +66,7 @@ class UpstreamError(RouterError):
 
     status = 502
     kind = "upstream_unavailable"
+    code = "upstream_unavailable"
 
 
 class UpstreamAttemptError(Exception):
@@ -73,3 +84,4 @@ class GatewayTimeoutError(RouterError):
 
     status = 504
     kind = "upstream_timeout"
+    code = "upstream_timeout"

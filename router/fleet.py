@@ -42,6 +42,7 @@ class _Model:
     queue: HoldQueue
     branches: BranchIndex | None  # where prompts diverge, for placement (None: placement off)
     replicas: dict[str, _Replica] = field(default_factory=dict)
+    first_seen_unix_s: int = field(default_factory=lambda: int(time.time()))
 
 
 class Lease:
@@ -182,6 +183,13 @@ class Fleet:
     def view(self, served_name: str) -> DeploymentView | None:
         model = self._models.get(served_name)
         return model.view if model else None
+
+    def created_unix_s(self, served_name: str) -> int:
+        """The model object's ``created``: the deployment's creation time, else when this router first saw it."""
+        model = self._models.get(served_name)
+        if model is None:
+            raise ModelNotFoundError(f"model {served_name!r} is not served here")
+        return model.view.created_unix_s or model.first_seen_unix_s
 
     def routing_block_chars(self, served_name: str) -> int:
         model = self._models.get(served_name)

@@ -37,6 +37,8 @@ from typing import cast
 
 import httptools
 
+from kvfleet.openai_shape import error_body
+
 log = logging.getLogger(__name__)
 
 # Complete requests queued on one connection before reading from it pauses (pipelining bound).
@@ -510,8 +512,7 @@ class _Connection(asyncio.Protocol):
         self._pending.clear()
         if self.transport is None or self.transport.is_closing():
             return
-        error = {"message": reason, "type": "invalid_request_error", "code": status}
-        body = json.dumps({"error": error}).encode()
+        body = json.dumps(error_body(reason, "invalid_request_error")).encode()
         head = (
             f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"

@@ -9,12 +9,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
+from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from kvfleet.openai_shape import error_body, method_not_allowed_body, model_object, not_found_body
 from kvfleet.router.errors import (
     BadRequestError,
     GatewayTimeoutError,
+    ModelNotFoundError,
     PayloadTooLargeError,
     RouterError,
     UpstreamAttemptError,
@@ -25,6 +28,7 @@ from kvfleet.router.http_server import Handler, Headers, HttpRequest, Responder
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.migration import CHAT_PATH, Splicer, continuation, finish_event, progress
 from kvfleet.router.prompt import block_hashes, render_prompt
+from kvfleet.router.replicas import DeploymentView
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.sse import EventSplitter, error_event
 from kvfleet.router.upstream import (
@@ -68,6 +72,7 @@ CLIENT_CLOSED = 499
 
 
 _JSON = ("Content-Type", "application/json")
+_MODEL_PREFIX = "/v1/models/"
 
 
 class _Answered:
@@ -87,7 +92,7 @@ def send_json(responder: Responder, status: int, obj: object, extra: Headers = (
 
 def send_error(responder: Responder, error: RouterError) -> None:
     extra = [("Retry-After", str(error.retry_after_s))] if error.retry_after_s is not None else []
-    body = {"error": {"message": error.reason, "type": error.kind, "code": error.status}}
+    body = error_body(error.reason, error.kind, param=error.param, code=error.code)
     send_json(responder, error.status, body, extra)
 
 
@@ -101,7 +106,7 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], str]:
         raise BadRequestError("request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise BadRequestError("'model' is required and must be a non-empty string")
+        raise BadRequestError("'model' is required and must be a non-empty string", param="model")
     return body, model
 
 
@@ -135,24 +140,36 @@ class Proxy:
         layer between the server and the upstream wait is paid again on each suspend and resume.
         """
         route = self._routes.get(request.path)
+        if route is None and request.path.startswith(_MODEL_PREFIX):
+            route = ("GET", self.model)
         if route is None:
-            send_json(responder, 404, {"error": {"message": f"no route {request.path}", "code": 404}})
+            send_json(responder, 404, not_found_body(request.method, request.path))
             return _DONE
         method, handler = route
         if request.method != method:
             extra = [("Allow", method)]
-            send_json(responder, 405, {"error": {"message": f"use {method} for {request.path}", "code": 405}}, extra)
+            send_json(responder, 405, method_not_allowed_body(request.method, request.path, method), extra)
             return _DONE
         return handler(request, responder)
 
     # -- small endpoints -----------------------------------------------------------------------
 
     async def models(self, request: HttpRequest, responder: Responder) -> None:
-        data = [
-            {"id": view.served_name, "object": "model", "owned_by": "kvfleet", "root": view.name}
-            for view in sorted(self._fleet.models(), key=lambda v: v.served_name)
-        ]
+        data = [self._model_object(view) for view in sorted(self._fleet.models(), key=lambda v: v.served_name)]
         send_json(responder, 200, {"object": "list", "data": data})
+
+    async def model(self, request: HttpRequest, responder: Responder) -> None:
+        """``GET /v1/models/{id}``: the id may hold slashes (``org/name``) and is percent-decoded."""
+        served_name = unquote(request.path.removeprefix(_MODEL_PREFIX))
+        view = self._fleet.view(served_name)
+        if view is None:
+            send_error(responder, ModelNotFoundError(f"model {served_name!r} is not served here"))
+            return
+        send_json(responder, 200, self._model_object(view))
+
+    def _model_object(self, view: DeploymentView) -> dict[str, Any]:
+        created = self._fleet.created_unix_s(view.served_name)
+        return model_object(view.served_name, created_unix_s=created, root=view.name)
 
     async def health(self, request: HttpRequest, responder: Responder) -> None:
         send_json(responder, 200, {"status": "ok"})

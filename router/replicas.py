@@ -44,6 +44,9 @@ class DeploymentView:
     name: str
     routing: RoutingSpec
     endpoints: tuple[Endpoint, ...] = ()
+    # When the deployment was created (Unix seconds; the InferenceDeployment's creationTimestamp
+    # where the source knows it): the model object's ``created``. None: the router's first sight.
+    created_unix_s: int | None = None
 
 
 Snapshot = Mapping[str, DeploymentView]

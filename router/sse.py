@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from kvfleet.openai_shape import error_body
+
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
@@ -42,7 +44,7 @@ class EventSplitter:
         return dropped
 
 
-def error_event(message: str, *, kind: str = "upstream_disconnected", code: int = 502) -> bytes:
+def error_event(message: str, *, kind: str = "upstream_disconnected") -> bytes:
     """An SSE event carrying an OpenAI-style error object (what vLLM sends when a stream fails)."""
-    payload = {"error": {"message": message, "type": kind, "code": code}}
+    payload = error_body(message, kind, code=kind)
     return b"data: " + json.dumps(payload).encode() + b"\n\n"

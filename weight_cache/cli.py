@@ -25,6 +25,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from kvfleet.cli_options import format_data, output_format
 from kvfleet.weight_cache.errors import WeightCacheError
 from kvfleet.weight_cache.settings import GiB, MiB, NodeCacheSettings, PopulateSettings, PullSettings, S3Settings
 
@@ -310,10 +311,14 @@ def artifacts() -> None:
 
 @artifacts.command(name="fingerprint")
 @_fingerprint_options
+@output_format(default="text", human="text")
 @_friendly_errors
-def show_fingerprint(**kwargs: Any) -> None:
-    """Print the fingerprint key and the fields it covers."""
+def show_fingerprint(output: str, **kwargs: Any) -> None:
+    """Print the fingerprint key and the fields it covers (-o json|yaml: one object with both)."""
     fp = _build_fingerprint(**kwargs)
+    if output != "text":
+        click.echo(format_data({"key": fp.key, "fields": fp.to_wire()}, output), nl=False)
+        return
     click.echo(fp.key)
     click.echo(json.dumps(fp.to_wire(), indent=2, sort_keys=True))
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from kvfleet.cli_options import format_data, output_format
+
 from .controlplane import ClusterSettings, ClusterState, ControlPlane, ControlPlaneError, _pid_alive, stop_root
 
 
@@ -93,12 +95,19 @@ def down(root: Path, keep: bool) -> None:
 
 @cluster.command()
 @root_option
-def status(root: Path) -> None:
+@output_format(default="text", human="text")
+def status(root: Path, output: str) -> None:
     """Say whether a cluster runs, and where its kubeconfig is (exit 1 when none)."""
     state = ClusterState.load(root)
     if state is None:
         click.echo(f"no cluster at {root}")
         sys.exit(1)
+    if output != "text":
+        running = {name: _pid_alive(pid) for name, pid in state.pids.items()}
+        processes = [{"name": n, "pid": p, "running": running[n]} for n, p in state.pids.items()]
+        data = {"server": state.server, "kubeconfig": state.kubeconfig, "ports": state.ports, "processes": processes}
+        click.echo(format_data(data, output), nl=False)
+        return
     for name, pid in state.pids.items():
         click.echo(f"{name:<24} pid {pid:<8} {'running' if _pid_alive(pid) else 'STOPPED'}")
     click.echo(f"server {state.server}\nkubeconfig {state.kubeconfig}")

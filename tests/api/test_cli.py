@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -62,8 +63,94 @@ def test_crd_generate_check_passes(repo_root: Path) -> None:
 def test_crd_generate_check_fails_when_stale(tmp_path: Path) -> None:
     stale = tmp_path / "crd.yaml"
     stale.write_text("# stale\n")
-    result = kvfleet("crd", "generate", "--check", "--output", str(stale))
+    result = kvfleet("crd", "generate", "--check", "--file", str(stale))
     assert result.returncode == 1
     assert "stale" in result.stderr
-    assert kvfleet("crd", "generate", "--output", str(stale)).returncode == 0
-    assert kvfleet("crd", "generate", "--check", "--output", str(stale)).returncode == 0
+    assert kvfleet("crd", "generate", "--file", str(stale)).returncode == 0
+    assert kvfleet("crd", "generate", "--check", "--file", str(stale)).returncode == 0
+
+
+def _every_command() -> list[tuple[str, click.Command]]:
+    """Every command of the CLI, lazy groups included, with its full name."""
+    from kvfleet.cli import cli
+
+    found: list[tuple[str, click.Command]] = []
+    todo: list[tuple[str, click.Command]] = [("kvfleet", cli)]
+    while todo:
+        name, command = todo.pop()
+        found.append((name, command))
+        if isinstance(command, click.Group):
+            ctx = click.Context(command)
+            for sub in command.list_commands(ctx):
+                child = command.get_command(ctx, sub)
+                assert child is not None
+                todo.append((f"{name} {sub}", child))
+    return found
+
+
+def test_output_means_a_format_everywhere() -> None:
+    """kubectl's convention: -o/--output picks json or yaml (or a human view); a path is --file."""
+    commands = _every_command()
+    assert len(commands) > 25  # the walk reached the lazy groups
+    with_output = []
+    for name, command in commands:
+        for param in command.params:
+            if "--output" in getattr(param, "opts", []) or "-o" in getattr(param, "opts", []):
+                assert isinstance(param.type, click.Choice), f"{name}: --output must be a format, not {param.type}"
+                assert {"json", "yaml"} <= set(param.type.choices), name
+                assert param.opts == ["-o", "--output"], name
+                with_output.append(name)
+    assert {"kvfleet plan", "kvfleet local status", "kvfleet operator manifests"} <= set(with_output)
+    assert {"kvfleet artifacts fingerprint", "kvfleet dev cluster status"} <= set(with_output)
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_operator_manifests_print_in_either_format(fmt: str) -> None:
+    import json
+
+    import yaml
+
+    result = kvfleet("operator", "manifests", "-o", fmt)
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout)["items"] if fmt == "json" else yaml.safe_load_all(result.stdout)
+    items = [d for d in loaded if d]
+    assert [i["kind"] for i in items][:2] == ["ServiceAccount", "ClusterRole"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_artifacts_fingerprint_prints_one_object(fmt: str) -> None:
+    import json
+
+    import yaml
+
+    args = ["artifacts", "fingerprint", "--engine-name", "reference", "--engine-version", "0.1.0"]
+    args += ["--model-digest", "a" * 64, "--gpu-product", "cpu"]
+    text = kvfleet(*args).stdout
+    result = kvfleet(*args, "-o", fmt)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout) if fmt == "json" else yaml.safe_load(result.stdout)
+    # The same key and fields as the human output (its first line, then the fields as JSON).
+    assert data["key"] == text.splitlines()[0]
+    assert data["fields"] == json.loads(text.split("\n", 1)[1])
+
+
+def test_dev_cluster_status_prints_data(tmp_path: Path) -> None:
+    import json
+    import os
+
+    from kvfleet.devcluster.controlplane import ClusterState
+
+    # A state file as `dev cluster up` writes it: this test process stands in as a running one.
+    ClusterState(
+        root=str(tmp_path),
+        kubeconfig=str(tmp_path / "kubeconfig"),
+        server="https://127.0.0.1:6443",
+        ports={"apiserver": 6443},
+        pids={"kube-apiserver": os.getpid(), "etcd": 2**22 + 1},
+        audit_log=str(tmp_path / "audit.log"),
+    ).save()
+    result = kvfleet("dev", "cluster", "status", "--dir", str(tmp_path), "-o", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["server"] == "https://127.0.0.1:6443" and data["ports"] == {"apiserver": 6443}
+    assert [(p["name"], p["running"]) for p in data["processes"]] == [("kube-apiserver", True), ("etcd", False)]

@@ -63,11 +63,26 @@ def test_every_dashboard_query_filters_by_model_or_says_why_not() -> None:
             assert '=~"MODEL"' in query.expr, query
 
 
+# Alerts on whether a component runs at all read Prometheus's `up` and kube-state-metrics
+# directly: a recording rule cannot carry `absent`, and they must not depend on kvfleet's series.
+HEALTH_ALERTS = {
+    "KvfleetRouterDown",
+    "KvfleetAutoscalerDown",
+    "KvfleetOperatorDown",
+    "KvfleetComponentInstanceDown",
+    "KvfleetEngineCrashLooping",
+    "KvfleetEnginePullFailing",
+}
+
+
 def test_alerts_compare_recorded_signals_with_thresholds() -> None:
     groups = rule_groups()
     records = recording_rules(groups)
     for name, expr in alerts(groups).items():
         used = set(re.findall(r"kvfleet:[a-z0-9_]+:[a-z0-9_]+", expr))
+        if name in HEALTH_ALERTS:
+            assert not used and not re.search(r"\bkvfleet_", expr), f"{name} must not read kvfleet's own series"
+            continue
         assert used and used <= set(records), f"{name} must compare recording rules, found {used}"
     assert set(alerts(groups)) == {
         "KvfleetDeploymentNotReady",
@@ -77,7 +92,36 @@ def test_alerts_compare_recorded_signals_with_thresholds() -> None:
         "KvfleetTTFTSLOBurnSlow",
         "KvfleetAutoscalerMetricsStale",
         "KvfleetRouter5xxRatio",
+        "KvfleetKVCacheSaturated",
+        *HEALTH_ALERTS,
     }
+
+
+def test_recording_rules_aggregate_by_namespace_as_well_as_model() -> None:
+    records = recording_rules(rule_groups())
+    per_namespace = {name for name, expr in records.items() if re.search(r"by \(namespace\)", expr)}
+    per_deployment = {name for name, expr in records.items() if re.search(r"by \(namespace, model\)", expr)}
+    assert {
+        "kvfleet:engine_requests_waiting:sum_by_namespace",
+        "kvfleet:kv_cache_usage:avg_by_namespace",
+    } <= per_namespace
+    assert {"kvfleet:engine_requests_waiting:sum", "kvfleet:kv_cache_usage:avg"} <= per_deployment
+
+
+def test_component_monitors_set_the_job_the_down_alerts_select() -> None:
+    from .conftest import objects, render
+
+    monitors = [
+        d
+        for d in objects(render({"monitoring": {"serviceMonitors": {"enabled": True}}}))
+        if d["kind"] == "ServiceMonitor"
+    ]
+    jobs = {m["spec"]["endpoints"][0]["relabelings"][0]["replacement"] for m in monitors}
+    assert jobs == {"kvfleet-router", "kvfleet-autoscaler"}
+    exprs = alerts(rule_groups())
+    for job in jobs:
+        name = f"Kvfleet{job.removeprefix('kvfleet-').title()}Down"
+        assert f'up{{job="{job}"}}' in exprs[name]
 
 
 def test_thresholds_follow_the_values() -> None:

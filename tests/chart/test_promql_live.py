@@ -62,11 +62,20 @@ RULE_VALUES = {
     "ttftSloObjective": 0.99,
     "router5xxRatio": 0.05,
     "coldStartBudgetSeconds": 1,
+    # Any KV use counts as saturated: the tiny engines never fill their cache.
+    "kvCacheSaturationRatio": 0.0001,
 }
 
+KSM = "no kube-state-metrics here; test_alerts_promtool.py proves it fires on its series"
 NO_DATA = {
     "panel GPU utilization (DCGM) / A": "no GPU and no DCGM exporter here: DCGM_FI_DEV_GPU_UTIL never exists",
+    "alert KvfleetOperatorDown": KSM,
+    "alert KvfleetEngineCrashLooping": KSM,
+    "alert KvfleetEnginePullFailing": KSM,
 }
+# A second installation (another release namespace) whose router and autoscaler are both down:
+# targets that refuse connections, scraped under the chart's job names.
+DOWN_NAMESPACE = "kvfleet-down"
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -220,16 +229,22 @@ def test_every_expression_returns_data(tmp_path: Path) -> None:
     router_settings = tmp_path / "router.yaml"
     # 4 s without a byte is a hung replica here (the tiny model's whole answer takes milliseconds).
     router_settings.write_text(yaml.safe_dump({"idle_read_timeout_s": 4.0, "connect_timeout_s": 1.0}))
+    # The chart's ServiceMonitors name the router's and the autoscaler's jobs (the down alerts select them).
     jobs = {
         "engine": ["e0", "e1"],
-        "router": ["router", "router-cold"],
-        "autoscaler": ["autoscaler", "autoscaler-stale"],
+        "kvfleet-router": ["router", "router-cold"],
+        "kvfleet-autoscaler": ["autoscaler", "autoscaler-stale"],
         "launcher": ["launcher"],
     }
     scrape = [
         {"job_name": job, "static_configs": [{"targets": [url[t].removeprefix("http://") for t in targets]}]}
         for job, targets in jobs.items()
     ]
+    for config in scrape:
+        if config["job_name"].startswith("kvfleet-"):
+            config["static_configs"][0]["labels"] = {"namespace": "kvfleet-system"}
+            down = {"targets": [f"127.0.0.1:{dead_port()}"], "labels": {"namespace": DOWN_NAMESPACE}}
+            config["static_configs"].append(down)
     held: list[socket.socket] = []
     with (
         hung_listener() as hung_port,
@@ -285,6 +300,8 @@ def test_every_expression_returns_data(tmp_path: Path) -> None:
         # /coldstart answers 200 once every phase, the first served token included, is measured.
         health.append((Process("launcher", url["launcher"], e1.proc, e1.log), "/coldstart"))
         wait_healthy(health, timeout_s=180)
+        # Only the second installation's components are down; this one's are all up.
+        assert prometheus.wait_for(f'up{{namespace="{DOWN_NAMESPACE}"}} == 0', timeout_s=30)
         assert prometheus.wait_for(f"count(up == 1) == {sum(len(t) for t in jobs.values())}", timeout_s=30)
         # The second router has listed the cold deployment (its queue gauge starts at 0).
         assert prometheus.wait_for(f'kvfleet_router_queue_depth{{model="{COLD}"}}', timeout_s=30)
@@ -310,6 +327,16 @@ def test_every_expression_returns_data(tmp_path: Path) -> None:
             missing = {e.key: explain(prometheus, e.expr) for e in expressions if e.key in empty - set(NO_DATA)}
             assert not missing, f"no data for: {json.dumps(missing, indent=1)}"
             assert set(NO_DATA) - empty == set(), f"listed in NO_DATA but has data now: {sorted(set(NO_DATA) - empty)}"
+            # The down alerts name the installation that is down, and only it; `absent` covers a
+            # component Prometheus finds nothing of at all.
+            exprs = alerts(groups)
+            for name in ("KvfleetRouterDown", "KvfleetAutoscalerDown"):
+                assert {r["metric"].get("namespace") for r in prometheus.instant(exprs[name])} == {DOWN_NAMESPACE}
+                nothing = exprs[name].replace('job="kvfleet-', 'job="kvfleet-none-')
+                (absent,) = prometheus.instant(nothing)
+                assert absent["metric"]["job"].startswith("kvfleet-none-")
+            down = {r["metric"]["namespace"] for r in prometheus.instant(exprs["KvfleetComponentInstanceDown"])}
+            assert down == {DOWN_NAMESPACE}
 
             by_panel: dict[str, list[Query]] = {}
             for query in dashboard_queries(".+", RATE_INTERVAL):

@@ -24,9 +24,9 @@ import aiohttp
 import pytest
 import yaml
 
-from kvfleet.local_metrics import scrape_engine
-from kvfleet.local_runtime import LocalRuntime, load_manifests
-from kvfleet.local_settings import LocalSettings, ProcessSettings
+from kvfleet.local.metrics import scrape_engine
+from kvfleet.local.runtime import LocalRuntime, load_manifests
+from kvfleet.local.settings import LocalSettings, ProcessSettings
 
 pytestmark = [
     pytest.mark.e2e,

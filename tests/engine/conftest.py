@@ -21,7 +21,7 @@ from kvfleet.engine.engine_core import EngineCore, EngineRequest, RequestOutput,
 from kvfleet.engine.sampling import SamplingParams
 from kvfleet.engine.settings import EngineSettings
 from kvfleet.engine.tiny_model import make_tiny_model
-from kvfleet.local_models import EngineLaunch
+from kvfleet.local.models import EngineLaunch
 
 
 def pick_free_port() -> int:

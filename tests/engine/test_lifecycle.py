@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from kvfleet.engine.tiny_model import make_tiny_model
-from kvfleet.local_models import EngineLaunch
+from kvfleet.local.models import EngineLaunch
 
 from .conftest import SERVED, run_engine
 

@@ -219,7 +219,35 @@ async def test_bad_input_is_rejected_with_reasons(engine_server: EngineProcess) 
             status, reply = await post(s, url, path, body)
             assert status == want_status, (body, reply)
             assert want_text in reply["error"]["message"], (body, reply)
-            assert reply["error"]["code"] == want_status
+            # OpenAI's shape: type, param and a string-or-null code on every error.
+            assert set(reply["error"]) == {"message", "type", "param", "code"}, reply
+            assert reply["error"]["code"] == ("model_not_found" if want_status == 404 else None), reply
+        # Field errors name the field in `param`, as OpenAI's SDKs read it.
+        _, reply = await post(s, url, "/v1/completions", {"prompt": "x", "temperature": -1})
+        assert reply["error"]["param"] == "temperature"
+        _, reply = await post(s, url, "/v1/completions", {"prompt": "x", "model": "nope"})
+        assert (reply["error"]["type"], reply["error"]["param"]) == ("not_found_error", "model")
+        # Paths and methods aiohttp answers itself are OpenAI-shaped too, not plain text.
+        async with s.get(f"{url}/v1/nope") as r:
+            assert r.status == 404 and (await r.json())["error"]["code"] == "unknown_url"
+        async with s.get(f"{url}/v1/completions") as r:
+            error = (await r.json())["error"]
+            assert r.status == 405 and error["code"] == "method_not_allowed" and r.headers["Allow"] == "POST"
+            assert error["type"] == "invalid_request_error" and "param" in error
+
+
+async def test_models_list_and_retrieve(engine_server: EngineProcess) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{engine_server.url}/v1/models") as r:
+            (card,) = (await r.json())["data"]
+        async with s.get(f"{engine_server.url}/v1/models/{SERVED}") as r:
+            assert r.status == 200
+            assert await r.json() == card
+        async with s.get(f"{engine_server.url}/v1/models/nope") as r:
+            assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+    assert card["id"] == SERVED and card["object"] == "model" and card["owned_by"] == "kvfleet"
+    # `created` is when the server started serving the model: set, and stable across calls.
+    assert isinstance(card["created"], int) and card["created"] > 1_600_000_000
 
 
 async def test_too_long_prompt_names_the_lengths(engine_server: EngineProcess) -> None:

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import console_script
 from support.s3_server import moto_s3_server
 
 from kvfleet.weight_cache import S3Settings, make_client, populate
 from kvfleet.weight_cache.s3 import S3Client
-from tests.conftest import REPO_ROOT, pick_free_port
+from tests.conftest import pick_free_port
 
 ACCESS_KEY, SECRET_KEY = "AKIDLAUNCHER", "launcher-secret-never-logged"
 
@@ -94,8 +95,7 @@ class LauncherProcess:
         spec_path.write_text(json.dumps(spec))
         self.log_path = workdir / f"launcher-{self.metrics_port}.log"
         self._log = self.log_path.open("wb")
-        kvfleet = str(Path(REPO_ROOT) / ".venv" / "bin" / "kvfleet")
-        argv = [kvfleet, "engine", "launch", "--spec", str(spec_path), "--metrics-host", "127.0.0.1"]
+        argv = [console_script("kvfleet"), "engine", "launch", "--spec", str(spec_path), "--metrics-host", "127.0.0.1"]
         argv += ["--metrics-port", str(self.metrics_port), "--engine-port", str(self.engine_port)]
         self.process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.engine_pids: set[int] = set()

@@ -92,9 +92,12 @@ def test_copy_sources_exist_and_context_is_trimmed(repo_root: Path, name: str) -
 def test_cpu_image_installs_the_pinned_cpu_torch(repo_root: Path) -> None:
     parser = parse(repo_root, "Dockerfile.cpu")
     args = dict(i["value"].split("=", 1) for i in instructions(parser, "ARG") if "=" in i["value"])
-    deps = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["engine"]
     assert f"torch=={args['TORCH_VERSION']}" in deps
     assert args["TORCH_INDEX"].endswith("/whl/cpu")
+    # The reference engine's packages come with the engine extra; the core has none of them.
+    runs = " ".join(i["value"] for i in instructions(parser, "RUN"))
+    assert '"/src[engine]"' in runs
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.gpu", "Dockerfile.sglang"])

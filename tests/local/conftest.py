@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 from support.local_support import RecordingRegistry
 
-from kvfleet.local_actuator import DeploymentProcesses
-from kvfleet.local_metrics import scrape_engine, total_inflight
-from kvfleet.local_settings import ProcessSettings
+from kvfleet.local.actuator import DeploymentProcesses
+from kvfleet.local.metrics import scrape_engine, total_inflight
+from kvfleet.local.settings import ProcessSettings
 
 FAST = ProcessSettings(
     ready_timeout_s=20,

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from support.local_support import RecordingRegistry, replica_command
 
-from kvfleet.local_actuator import DeploymentProcesses
+from kvfleet.local.actuator import DeploymentProcesses
 
 
 @contextlib.asynccontextmanager

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvfleet.local_metrics import EngineSample, MetricWindow, histogram_quantile, parse_engine_metrics
+from kvfleet.local.metrics import EngineSample, MetricWindow, histogram_quantile, parse_engine_metrics
 
 EXPOSITION = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="tiny"} 2

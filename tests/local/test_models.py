@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfleet.local_models import LocalModelError, engine_launch, resolve_model
+from kvfleet.local.models import LocalModelError, engine_launch, resolve_model
 from kvfleet.resource import InferenceDeployment
 
 
@@ -59,7 +59,7 @@ def test_engine_command_and_refusals(tmp_path: Path) -> None:
 
 
 def test_cpu_quantity_sets_engine_threads() -> None:
-    from kvfleet.local_models import cpu_threads
+    from kvfleet.local.models import cpu_threads
 
     assert [cpu_threads(q) for q in ("1", "500m", "2.5", None, "1k")] == [1, 1, 3, None, None]
     d = deployment("file:///m", resources={"gpus": 0, "cpu": "2"}, engine={"kind": "reference", "maxModelLen": 512})

@@ -11,7 +11,7 @@ import time
 PARENT = """
 import asyncio, sys
 from pathlib import Path
-from kvfleet.local_processes import spawn
+from kvfleet.local.processes import spawn
 
 async def main():
     child = await spawn([sys.executable, "-c", "import time; time.sleep(60)"], Path(sys.argv[1]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvfleet.local_replicas import ReplicaView, plan_scale, restart_backoff_s
+from kvfleet.local.replicas import ReplicaView, plan_scale, restart_backoff_s
 
 
 def r(replica_id: str, state: str = "ready", inflight: int = 0, started: float = 0.0) -> ReplicaView:

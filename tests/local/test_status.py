@@ -6,12 +6,13 @@ import asyncio
 import json
 from pathlib import Path
 
+import yaml
 from aiohttp import web
 from click.testing import CliRunner
 from rich.console import Console
 
 from kvfleet.cli import cli
-from kvfleet.local_status import (
+from kvfleet.local.status import (
     DeploymentStatus,
     LocalStatus,
     ReplicaStatus,
@@ -104,11 +105,16 @@ async def test_status_command_reads_the_endpoint(tmp_path: Path, free_port: int)
         write_endpoint_file(tmp_path, f"http://127.0.0.1:{free_port}", STATUS.router_url, 1)
         cli_runner = CliRunner()
         # The CLI blocks (urllib); run it off the loop that serves the endpoint.
-        as_json = await asyncio.to_thread(
-            cli_runner.invoke, cli, ["local", "status", "--state-dir", str(tmp_path), "--json"]
-        )
+        command = ["local", "status", "--state-dir", str(tmp_path)]
+        as_json = await asyncio.to_thread(cli_runner.invoke, cli, [*command, "-o", "json"])
         assert as_json.exit_code == 0, as_json.output
         assert LocalStatus.model_validate(json.loads(as_json.output)) == STATUS
+        as_yaml = await asyncio.to_thread(cli_runner.invoke, cli, [*command, "-o", "yaml"])
+        assert LocalStatus.model_validate(yaml.safe_load(as_yaml.output)) == STATUS
+        # The old flag still works, and says what replaced it.
+        deprecated = await asyncio.to_thread(cli_runner.invoke, cli, [*command, "--json"])
+        assert deprecated.exit_code == 0 and "use -o json" in deprecated.stderr
+        assert LocalStatus.model_validate(json.loads(deprecated.stdout)) == STATUS
         table = await asyncio.to_thread(cli_runner.invoke, cli, ["local", "status", "--state-dir", str(tmp_path)])
         assert table.exit_code == 0 and "tiny-2" in table.output
     finally:

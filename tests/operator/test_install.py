@@ -47,7 +47,7 @@ def test_install_file_is_in_sync() -> None:
 def test_install_check_fails_when_stale(tmp_path: Path) -> None:
     stale = tmp_path / "operator.yaml"
     stale.write_text("# stale\n")
-    result = kvfleet("operator", "manifests", "--check", "--output", str(stale))
+    result = kvfleet("operator", "manifests", "--check", "--file", str(stale))
     assert result.returncode == 1 and "stale" in result.stderr
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.processes import stop_process
 
-from kvfleet.local_models import EngineLaunch
+from kvfleet.local.models import EngineLaunch
 from kvfleet.router.replicas import ReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings

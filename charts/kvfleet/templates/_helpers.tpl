@@ -95,7 +95,7 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The alert names the PrometheusRule defines (disabledAlerts must name one of them). */}}
 {{- define "kvfleet.alertNames" -}}
-{{- list "KvfleetDeploymentNotReady" "KvfleetQueueGrowingAtMaxReplicas" "KvfleetColdStartOverBudget" "KvfleetTTFTSLOBurnFast" "KvfleetTTFTSLOBurnSlow" "KvfleetAutoscalerMetricsStale" "KvfleetRouter5xxRatio" | toJson -}}
+{{- list "KvfleetDeploymentNotReady" "KvfleetQueueGrowingAtMaxReplicas" "KvfleetColdStartOverBudget" "KvfleetTTFTSLOBurnFast" "KvfleetTTFTSLOBurnSlow" "KvfleetAutoscalerMetricsStale" "KvfleetRouter5xxRatio" "KvfleetRouterDown" "KvfleetAutoscalerDown" "KvfleetOperatorDown" "KvfleetComponentInstanceDown" "KvfleetEngineCrashLooping" "KvfleetEnginePullFailing" "KvfleetKVCacheSaturated" | toJson -}}
 {{- end -}}
 
 {{/*

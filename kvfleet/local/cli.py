@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from kvfleet.cli_options import manifest_files
-from kvfleet.local_settings import LocalSettings, LocalSettingsError
+from kvfleet.cli_options import format_data, manifest_files, output_format
+from kvfleet.local.settings import LocalSettings, LocalSettingsError
 
 DEFAULT_STATE_DIR = Path(".kvfleet/local")
 
@@ -55,7 +54,11 @@ def up(
     tick_s: float,
 ) -> None:
     """Serve the manifests' deployments at http://HOST:PORT/v1 until Ctrl-C (a second Ctrl-C forces)."""
-    from kvfleet.local_runtime import LocalRunError, load_manifests, run_until_signalled
+    from kvfleet.extras import require_engine_extra
+
+    # Local engines are reference-engine processes: say what to install before starting anything.
+    require_engine_extra("kvfleet local up")
+    from kvfleet.local.runtime import LocalRunError, load_manifests, run_until_signalled
 
     try:
         settings = LocalSettings(
@@ -85,9 +88,10 @@ def up(
 @click.option(
     "--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path)
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
-@click.option("--watch", is_flag=True, help="Redraw every second until Ctrl-C.")
-def status(url: str | None, state_dir: Path, as_json: bool, watch: bool) -> None:
+@output_format(default="table", human="table")
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Deprecated: -o json.")
+@click.option("--watch", is_flag=True, help="Redraw every second until Ctrl-C (the table only).")
+def status(url: str | None, state_dir: Path, output: str, as_json: bool, watch: bool) -> None:
     """Show a running `kvfleet local up`: replicas, queue, requests/s, TTFT, prefix hits, scaling."""
     import urllib.error
     import urllib.request
@@ -95,7 +99,7 @@ def status(url: str | None, state_dir: Path, as_json: bool, watch: bool) -> None
     from rich.console import Console
     from rich.live import Live
 
-    from kvfleet.local_status import STATUS_PATH, LocalStatus, read_endpoint_file, render_status
+    from kvfleet.local.status import STATUS_PATH, LocalStatus, read_endpoint_file, render_status
 
     if url is None:
         try:
@@ -113,7 +117,12 @@ def status(url: str | None, state_dir: Path, as_json: bool, watch: bool) -> None
             raise click.ClickException(f"cannot reach {url}: {e}") from e
 
     if as_json:
-        click.echo(json.dumps(fetch().model_dump(mode="json"), indent=2))
+        click.echo("kvfleet local status: --json is deprecated; use -o json", err=True)
+        output = "json"
+    if output != "table":
+        if watch:
+            raise click.UsageError("--watch redraws the table; drop it or -o")
+        click.echo(format_data(fetch().model_dump(mode="json"), output), nl=False)
         return
     console = Console()
     if not watch:

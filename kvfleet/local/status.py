@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kvfleet.local_prometheus import write_atomically
+from kvfleet.local.prometheus import write_atomically
 
 ENDPOINT_FILE = "endpoint.json"
 # Events shown per deployment in the view (the actuator keeps more).

@@ -21,9 +21,9 @@ from typing import Protocol
 
 import aiohttp
 
-from kvfleet.local_processes import ChildProcess, ProcessStartError, pick_free_port, spawn, wait_healthy
-from kvfleet.local_replicas import ReplicaState, ReplicaView, plan_scale, restart_backoff_s
-from kvfleet.local_settings import ProcessSettings
+from kvfleet.local.processes import ChildProcess, ProcessStartError, pick_free_port, spawn, wait_healthy
+from kvfleet.local.replicas import ReplicaState, ReplicaView, plan_scale, restart_backoff_s
+from kvfleet.local.settings import ProcessSettings
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from kvfleet.autoscaler.policy import Decision, PolicyState, decide, initial_sta
 from kvfleet.autoscaler.prometheus_source import PrometheusSource, PrometheusSourceSettings
 from kvfleet.autoscaler.scrape_source import ScrapeSource, ScrapeSourceSettings
 from kvfleet.autoscaler.sources import MetricSource, Target
-from kvfleet.local_actuator import DeploymentProcesses
-from kvfleet.local_metrics import EngineSample, MetricWindow, scrape_engine, total_inflight
-from kvfleet.local_models import LocalModelError, ResolvedModel, engine_launch, resolve_model
-from kvfleet.local_processes import ProcessStartError, pick_free_port
-from kvfleet.local_prometheus import LocalPrometheus, ScrapeTarget, start_prometheus
-from kvfleet.local_settings import LocalSettings
-from kvfleet.local_status import (
+from kvfleet.local.actuator import DeploymentProcesses
+from kvfleet.local.metrics import EngineSample, MetricWindow, scrape_engine, total_inflight
+from kvfleet.local.models import LocalModelError, ResolvedModel, engine_launch, resolve_model
+from kvfleet.local.processes import ProcessStartError, pick_free_port
+from kvfleet.local.prometheus import LocalPrometheus, ScrapeTarget, start_prometheus
+from kvfleet.local.settings import LocalSettings
+from kvfleet.local.status import (
     DeploymentStatus,
     LocalStatus,
     ReplicaStatus,

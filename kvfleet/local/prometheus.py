@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from kvfleet.local_processes import ChildProcess, ProcessStartError, pick_free_port, spawn, wait_healthy
+from kvfleet.local.processes import ChildProcess, ProcessStartError, pick_free_port, spawn, wait_healthy
 
 ENGINE_JOB = "kvfleet-engines"
 ROUTER_JOB = "kvfleet-router"
