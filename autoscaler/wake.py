@@ -87,7 +87,7 @@ def wake_handler(inbox: WakeInbox, token: WakeToken | None = None) -> Callable[[
             return _bad(f"body larger than {MAX_BODY_BYTES} bytes", 413)
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return _bad('body is not JSON; expected {"namespace": ..., "name": ...}')
         if not isinstance(body, dict):
             return _bad("body must be a JSON object with namespace and name")

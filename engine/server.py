@@ -117,6 +117,8 @@ async def _read_json(request: web.Request) -> Any:
         return json.loads(await request.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidRequestError(f"malformed JSON body: {e}") from e
+    except RecursionError:  # the parser's own depth bound (about 1,000 levels)
+        raise InvalidRequestError("malformed JSON body: nested too deeply to parse") from None
 
 
 def _client_gone(request: web.Request) -> bool:

@@ -9,6 +9,20 @@ from collections import deque
 from kvfleet.router.errors import QueueFullError, QueueTimeoutError
 
 
+class HoldBudget:
+    """How many requests the whole router may hold across its models.
+
+    Each tenant's ``routing.maxQueue`` bounds its own queue (up to 100,000); their sum is not the
+    tenants' to choose: a held request keeps its body (up to ``max_body_bytes``) in the router's
+    memory, so one budget bounds them all. ``refused`` counts the requests it turned away.
+    """
+
+    def __init__(self, max_held: int) -> None:
+        self.max_held = max_held
+        self.held = 0
+        self.refused = 0
+
+
 class HoldQueue:
     """Requests of one model waiting for a replica, released first-in first-out.
 
@@ -17,10 +31,11 @@ class HoldQueue:
     ``timeout_s`` passes first. A cancelled waiter (client gone) leaves the queue at once.
     """
 
-    def __init__(self, model: str, *, max_waiting: int, retry_after_s: int) -> None:
+    def __init__(self, model: str, *, max_waiting: int, retry_after_s: int, budget: HoldBudget | None = None) -> None:
         self.model = model
         self.max_waiting = max_waiting
         self.retry_after_s = retry_after_s
+        self.budget = budget or HoldBudget(max_waiting)
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     def __len__(self) -> int:
@@ -33,15 +48,25 @@ class HoldQueue:
                 f"waiting (routing.maxQueue {self.max_waiting})",
                 retry_after_s=self.retry_after_s,
             )
+        budget = self.budget
+        if budget.held >= budget.max_held:
+            budget.refused += 1
+            raise QueueFullError(
+                f"model {self.model!r} has no ready replica and the router already holds {budget.held} requests "
+                f"across all models (its limit, max_held_requests, is {budget.max_held})",
+                retry_after_s=self.retry_after_s,
+            )
         if timeout_s <= 0:
             raise self._timeout_error()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(future)
+        budget.held += 1
         try:
             await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             raise self._timeout_error() from None
         finally:
+            budget.held -= 1
             if not future.done():
                 future.cancel()
             with contextlib.suppress(ValueError):  # already released

@@ -98,6 +98,12 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     default=None,
     help="In-flight requests allowed over the load bound's cap [default: 2].",
 )
+@click.option(
+    "--max-held-requests",
+    type=int,
+    default=None,
+    help="Requests held across all models while they have no ready replica; more get 429 [default: 2000].",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(
     host: str | None,
@@ -113,13 +119,20 @@ def serve(
     wake_token_file: Path | None,
     placement: bool | None,
     load_bound_slack_requests: int | None,
+    max_held_requests: int | None,
     log_level: str,
 ) -> None:
     """Serve the OpenAI API and route each request to a replica of its model."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings(
         settings_file,
-        {"host": host, "port": port, "placement": placement, "load_bound_slack_requests": load_bound_slack_requests},
+        {
+            "host": host,
+            "port": port,
+            "placement": placement,
+            "load_bound_slack_requests": load_bound_slack_requests,
+            "max_held_requests": max_held_requests,
+        },
     )
     if kubernetes == bool(replicas):
         raise click.UsageError("give either --kubernetes or one or more --replica MODEL=URL")

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvfleet.router.activator import HoldQueue
+from kvfleet.router.activator import HoldBudget, HoldQueue
 from kvfleet.router.errors import ModelNotFoundError
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.outlier import OutlierDetector
@@ -102,6 +102,8 @@ class Fleet:
             max_ejection_s=max(settings.eject_max_s, settings.eject_base_s),
         )
         self._wake_tasks: dict[str, asyncio.Task[None]] = {}
+        self._holds = HoldBudget(settings.max_held_requests)
+        metrics.track_holds(lambda: (self._holds.held, self._holds.max_held, self._holds.refused))
         self.applied = asyncio.Event()
         metrics.track_inflight(self._inflight_samples)
 
@@ -128,7 +130,10 @@ class Fleet:
                     index=index,
                     strategy=self._strategy(view, index),
                     queue=HoldQueue(
-                        served_name, max_waiting=view.routing.max_queue, retry_after_s=self._settings.retry_after_s
+                        served_name,
+                        max_waiting=view.routing.max_queue,
+                        retry_after_s=self._settings.retry_after_s,
+                        budget=self._holds,
                     ),
                     branches=(
                         BranchIndex(self._settings.placement_branch_entries, self._settings.placement_max_depth_blocks)

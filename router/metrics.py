@@ -157,6 +157,12 @@ class RouterMetrics:
         and ``kvfleet_router_client_connections``, read when scraped."""
         self.registry.register(_FrontEndCollector(refusals, connections))
 
+    def track_holds(self, holds: Callable[[], tuple[int, int, int]]) -> None:
+        """Export the router-wide hold budget from ``holds()``'s (held, limit, refused), read when scraped:
+        ``kvfleet_router_held_requests``, ``kvfleet_router_held_requests_limit`` and
+        ``kvfleet_router_hold_budget_refusals_total`` (429s because the whole router held its limit)."""
+        self.registry.register(_HoldCollector(holds))
+
     def forget_model(self, model: str) -> None:
         for series in self._series:
             series.forget(model)
@@ -211,3 +217,22 @@ class _FrontEndCollector(Collector):
             refused.add_metric([str(code)], count)
         yield refused
         yield GaugeMetricFamily("kvfleet_router_client_connections", "Open client connections.", self._connections())
+
+
+class _HoldCollector(Collector):
+    def __init__(self, holds: Callable[[], tuple[int, int, int]]) -> None:
+        self._holds = holds
+
+    def collect(self) -> Iterator[Metric]:
+        held, limit, refused = self._holds()
+        yield GaugeMetricFamily(
+            "kvfleet_router_held_requests", "Requests held across all models while they have no ready replica.", held
+        )
+        yield GaugeMetricFamily(
+            "kvfleet_router_held_requests_limit", "The router-wide hold budget (max_held_requests).", limit
+        )
+        yield CounterMetricFamily(
+            "kvfleet_router_hold_budget_refusals",
+            "Requests answered 429 because the router already held max_held_requests across all models.",
+            value=refused,
+        )

@@ -102,6 +102,8 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], str]:
         body = json.loads(raw.decode())  # JSON between systems is UTF-8 (RFC 8259); decoding first skips detection
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequestError(f"request body is not valid JSON: {e}") from None
+    except RecursionError:  # the parser's own depth bound (about 1,000 levels): a client's error, not ours
+        raise BadRequestError("request body is nested too deeply to parse") from None
     if not isinstance(body, dict):
         raise BadRequestError("request body must be a JSON object")
     model = body.get("model")
@@ -190,13 +192,16 @@ class Proxy:
                 )
             body, model = parse_body(request.body)
             block_chars = self._fleet.routing_block_chars(model)
-            model_label = model
             hashes = block_hashes(
                 render_prompt(body),
                 model=model,
                 block_chars=block_chars,
                 max_blocks=self._settings.max_prompt_blocks,
             )
+            # Labelled with the model only once it is headed for a replica: the autoscaler reads this
+            # series as the model's arrivals, and a request the router refuses itself (malformed
+            # messages) must not wake a deployment from zero or keep it from scaling there.
+            model_label = model
             code = await self._forward(request, responder, model, hashes, started_s, body)
         except RouterError as e:
             code = e.status

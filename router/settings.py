@@ -161,6 +161,16 @@ class RouterSettings(BaseModel):
             "noise from moving prompts off their home (docs/benchmarks/router.md, section 4)."
         ),
     )
+    max_held_requests: int = Field(
+        default=2_000,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Most requests the router holds at once across all models while they have no ready replica; more "
+            "get 429. Each deployment's routing.maxQueue bounds its own queue, this bounds their sum: a held "
+            "request keeps its body in memory (at most this x max_body_bytes; prompts are usually a few KiB)."
+        ),
+    )
     wake_min_interval_s: float = Field(
         default=2.0, gt=0, le=600, description="Wake signal repeat interval while requests wait."
     )

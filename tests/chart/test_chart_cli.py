@@ -61,7 +61,7 @@ def build_settings(component: str, params: dict[str, Any]) -> object:
         return OperatorSettings.model_validate(values)
     if component == "router":
         assert params["kubernetes"] and not params["replicas"], "the chart's router discovers replicas in Kubernetes"
-        keys = ("host", "port", "placement", "load_bound_slack_requests")
+        keys = ("host", "port", "placement", "load_bound_slack_requests", "max_held_requests")
         return load_router_settings(None, {k: params[k] for k in keys})
     options = {k: v for k, v in params.items() if k not in ("files", "verbose") and v is not None}
     return AutoscalerSettings(**options)
@@ -117,12 +117,14 @@ def test_operator_points_status_endpoint_at_this_router(port: int, url: str | No
     assert settings.router_endpoint == (url or f"http://kvf-kvfleet-router.ml.svc:{port}/v1")
 
 
-@pytest.mark.parametrize(("placement", "slack"), [(True, 2), (False, 0)])
-def test_router_placement_values_reach_its_settings(placement: bool, slack: int) -> None:
-    docs = objects(render({"router": {"placement": placement, "loadBoundSlackRequests": slack}}))
+@pytest.mark.parametrize(("placement", "slack", "held"), [(True, 2, 2000), (False, 0, 17)])
+def test_router_placement_values_reach_its_settings(placement: bool, slack: int, held: int) -> None:
+    values = {"placement": placement, "loadBoundSlackRequests": slack, "maxHeldRequests": held}
+    docs = objects(render({"router": values}))
     spec = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
     args = spec["spec"]["template"]["spec"]["containers"][0]["args"]
     _, params, _ = parse(args)
     settings = build_settings("router", params)
     assert isinstance(settings, RouterSettings)
     assert (settings.placement, settings.load_bound_slack_requests) == (placement, slack)
+    assert settings.max_held_requests == held

@@ -201,6 +201,7 @@ async def test_bad_input_is_rejected_with_reasons(engine_server: EngineProcess) 
     url = engine_server.url
     cases: list[tuple[str, Any, int, str]] = [
         ("/v1/completions", "{not json", 400, "malformed JSON"),
+        ("/v1/completions", '{"prompt": ' + "[" * 5000 + "]" * 5000 + "}", 400, "nested too deeply"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
         ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
         ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "temperature"),

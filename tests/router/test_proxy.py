@@ -127,6 +127,7 @@ async def test_bad_input_gets_clear_4xx(backends: list[Backend]) -> None:
             (b'{"prompt": "x"}', 400, "'model' is required"),
             (b'{"model": "nope", "prompt": "x"}', 404, "'nope' is not served"),
             (b'{"model": "known", "messages": "x"}', 400, "'messages' must be a list"),
+            (b'{"model": "known", "prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}", 400, "nested too deeply"),
             (json.dumps({"model": "known", "prompt": "x" * 10_000}).encode(), 413, "larger than"),
         ]
         for raw, status, reason in cases:
@@ -142,7 +143,9 @@ async def test_bad_input_gets_clear_4xx(backends: list[Backend]) -> None:
             text = await resp.text()
         assert 'kvfleet_router_requests_total{code="404",model=""} 1.0' in text
         assert 'kvfleet_router_requests_total{code="413",model=""} 1.0' in text
-        assert 'kvfleet_router_requests_total{code="400",model="known"} 1.0' in text
+        # Requests the router refuses itself are not the model's arrivals (the autoscaler reads this series).
+        assert 'kvfleet_router_requests_total{code="400",model=""} 5.0' in text
+        assert 'code="400",model="known"' not in text
 
 
 async def test_activator_holds_requests_at_zero_and_serves_all_when_a_replica_appears(
@@ -184,6 +187,27 @@ async def test_activator_queue_bounds_429_and_503() -> None:
         for status, headers, raw in await asyncio.gather(*held):
             assert status == 503 and headers["Retry-After"] == "7"
             assert "maxQueueWaitSeconds" in json.loads(raw)["error"]["message"]
+
+
+async def test_the_router_wide_hold_budget_bounds_every_tenants_queue_together() -> None:
+    # Two tenants each allow 100 held requests; the router holds 3 in all, whoever asks.
+    source = StaticReplicaSource()
+    for name in ("a", "b"):
+        source.set_deployment(name, routing=RoutingSpec(max_queue=100, max_queue_wait_seconds=0.5))
+    async with running_router(source, max_held_requests=3) as router, aiohttp.ClientSession() as session:
+        held = [asyncio.create_task(post(session, router.url, {"model": m, "prompt": "x"})) for m in "aab"]
+        await until(lambda: router.fleet.queue_depth("a") + router.fleet.queue_depth("b") == 3)
+        status, _, raw = await post(session, router.url, {"model": "b", "prompt": "x"})
+        assert status == 429
+        assert "max_held_requests, is 3" in json.loads(raw)["error"]["message"]
+        async with session.get(router.url + "/metrics") as resp:
+            text = await resp.text()
+        assert "kvfleet_router_held_requests 3.0" in text and "kvfleet_router_held_requests_limit 3.0" in text
+        assert "kvfleet_router_hold_budget_refusals_total 1.0" in text
+        assert [status for status, _, _ in await asyncio.gather(*held)] == [503] * 3
+        # Timed-out waiters gave their places back.
+        async with session.get(router.url + "/metrics") as resp:
+            assert "kvfleet_router_held_requests 0.0" in await resp.text()
 
 
 async def test_killed_replica_requests_are_retried_elsewhere_and_none_is_lost(
