@@ -5,8 +5,8 @@ Where a model's weights are in the bucket:
 - ``s3://bucket/prefix`` models are pulled from that location (populated with
   ``kvfleet cache populate``: a manifest plus the files);
 - ``hf://org/name`` models are served from the deployment's cache bucket at
-  ``s3://<cache.bucket>/<cache.prefix><org>/<name>[@<revision>]``; pods never reach the Hugging Face
-  hub themselves (a populate job does, once).
+  ``s3://<cache.bucket>/<cache.prefix>hf/<org>/<name>/<revision or main>`` (``cache_uri_for``); pods
+  never reach the Hugging Face hub themselves (a populate job does, once).
 
 Weight-cache errors become :class:`LaunchError` in the ``pull`` phase here, once; artifact errors
 become misses (artifacts make a start faster, they never make it fail).
@@ -21,6 +21,7 @@ from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.weight_cache import (
     ArtifactOffer,
     ChecksumMismatchError,
+    InvalidLocationError,
     NodeCacheSettings,
     PullSettings,
     S3Settings,
@@ -32,7 +33,7 @@ from kvfleet.weight_cache import (
     push_artifacts,
 )
 from kvfleet.weight_cache.fingerprint import Fingerprint
-from kvfleet.weight_cache.s3 import S3Client
+from kvfleet.weight_cache.s3 import S3Client, cache_uri_for
 
 from .errors import LaunchError
 from .launch_spec import LaunchSpec
@@ -42,22 +43,21 @@ log = logging.getLogger(__name__)
 
 
 def weights_location(spec: InferenceDeploymentSpec) -> str:
-    """The s3:// location the weights are pulled from (see the module docstring)."""
+    """The s3:// location the weights are pulled from (see the module docstring): one layout,
+    ``cache_uri_for``'s, shared with everything else that names where an hf:// model is cached."""
     uri = spec.model.uri
-    if uri.startswith("s3://"):
-        return uri
-    if uri.startswith("hf://"):
-        if spec.cache.bucket is None:
-            raise LaunchError(
-                "pull",
-                f"{uri}: hf:// models are served through the weight cache; set spec.cache.bucket and populate it "
-                "with `kvfleet cache populate hf://... s3://<bucket>/<prefix>...`",
-            )
-        key = uri[len("hf://") :]
-        if spec.model.revision:
-            key = f"{key}@{spec.model.revision}"
-        return f"s3://{spec.cache.bucket}/{spec.cache.prefix}{key}"
-    raise LaunchError("pull", f"{uri} is not pulled through the weight cache (only s3:// and hf:// are)")
+    if not uri.startswith(("s3://", "hf://")):
+        raise LaunchError("pull", f"{uri} is not pulled through the weight cache (only s3:// and hf:// are)")
+    if uri.startswith("hf://") and spec.cache.bucket is None:
+        raise LaunchError(
+            "pull",
+            f"{uri}: hf:// models are served through the weight cache; set spec.cache.bucket and populate it "
+            "with `kvfleet cache populate hf://... s3://<bucket>/<prefix>hf/<org>/<name>/<revision or main>`",
+        )
+    try:
+        return cache_uri_for(uri, spec.model.revision, spec.cache)
+    except InvalidLocationError as e:
+        raise LaunchError("pull", str(e)) from None
 
 
 def s3_settings(spec: InferenceDeploymentSpec) -> S3Settings:

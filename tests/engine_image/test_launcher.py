@@ -284,3 +284,26 @@ def test_the_drain_budget_comes_from_the_pod() -> None:
     assert LauncherSettings.from_env({}).stop.grace_s == 30.0  # outside a pod: the launcher's own default
     with pytest.raises(ValueError, match="KVFLEET_DRAIN_TIMEOUT_S"):
         LauncherSettings.from_env({"KVFLEET_DRAIN_TIMEOUT_S": "soon"})
+
+
+@pytest.mark.parametrize(
+    ("model", "where"),
+    [
+        ({"uri": "hf://org/name", "revision": "abc123"}, "s3://weights/models/hf/org/name/abc123"),
+        ({"uri": "hf://org/name@v2"}, "s3://weights/models/hf/org/name/v2"),
+        ({"uri": "hf://org/name"}, "s3://weights/models/hf/org/name/main"),
+        ({"uri": "s3://other/m"}, "s3://other/m"),
+    ],
+)
+def test_the_launcher_pulls_hf_models_from_the_one_cache_layout(model: dict[str, str], where: str) -> None:
+    from kvfleet.engine_image.cache_sources import weights_location
+    from kvfleet.weight_cache.s3 import cache_uri_for
+
+    spec = InferenceDeploymentSpec.model_validate(
+        {"model": model, "cache": {"bucket": "weights"}, "engine": {"kind": "reference"}, "resources": {"gpus": 0}}
+    )
+    assert weights_location(spec) == cache_uri_for(spec.model.uri, spec.model.revision, spec.cache) == where
+    no_bucket = spec.model_copy(update={"cache": spec.cache.model_copy(update={"bucket": None})})
+    if model["uri"].startswith("hf://"):
+        with pytest.raises(LaunchError, match=r"spec\.cache\.bucket"):
+            weights_location(no_bucket)
