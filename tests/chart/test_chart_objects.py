@@ -18,7 +18,8 @@ KUBE_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 
 # kubernetes-validate knows the built-in kinds only. For the Prometheus Operator kinds this is the
 # subset of their published schema that the chart uses (monitoring.coreos.com/v1 API reference):
-# enough to catch a misplaced or misspelled field, the CRD itself cannot be vendored here.
+# enough to catch a misplaced or misspelled field without the real CRDs (tests/k8s/test_chart_real.py
+# applies the same objects to a real API server that has them).
 _STR = {"type": "string"}
 _STRMAP = {"type": "object", "additionalProperties": _STR}
 _DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
@@ -56,6 +57,30 @@ MONITORING_SCHEMAS: dict[str, dict[str, Any]] = {
                                 "path": _STR,
                                 "interval": _DURATION,
                                 "scrapeTimeout": _DURATION,
+                                "relabelings": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "action": {
+                                                "enum": [
+                                                    "replace",
+                                                    "keep",
+                                                    "drop",
+                                                    "labelmap",
+                                                    "labeldrop",
+                                                    "labelkeep",
+                                                ]
+                                            },
+                                            "sourceLabels": {"type": "array", "items": _STR},
+                                            "separator": _STR,
+                                            "targetLabel": _STR,
+                                            "regex": _STR,
+                                            "replacement": _STR,
+                                        },
+                                    },
+                                },
                             },
                         },
                     },
