@@ -63,8 +63,8 @@ class LauncherSettings:
             raise ValueError("engine_port and metrics_port must differ")
         if not 0 < self.artifact_push_timeout_s <= 7200:
             raise ValueError("artifact_push_timeout_s must be in (0, 7200]")
-        if not 1 <= self.progress_log_interval_s <= 3600:
-            raise ValueError("progress_log_interval_s must be in [1, 3600]")
+        if not 0.1 <= self.progress_log_interval_s <= 3600:
+            raise ValueError("progress_log_interval_s must be in [0.1, 3600]")
 
     @property
     def engine_url(self) -> str:
