@@ -33,6 +33,7 @@ from kvfleet.weight_cache import (
     push_artifacts,
 )
 from kvfleet.weight_cache.fingerprint import Fingerprint
+from kvfleet.weight_cache.progress import TransferProgress
 from kvfleet.weight_cache.s3 import S3Client, cache_uri_for
 
 from .errors import LaunchError
@@ -83,7 +84,7 @@ class CacheWeights:
         self._client = client
         self._settings = settings
 
-    def pull(self, launch: LaunchSpec) -> PulledWeights:
+    def pull(self, launch: LaunchSpec, progress: TransferProgress) -> PulledWeights:
         spec = launch.spec
         location = weights_location(spec)
         settings = self._settings or PullSettings(allow_pickle=spec.model.allow_pickle)
@@ -95,6 +96,7 @@ class CacheWeights:
                 node_cache_settings=node_cache_settings(spec),
                 s3=s3_settings(spec),
                 client=self._client,
+                progress=progress,
             )
         except ChecksumMismatchError as e:
             raise LaunchError("pull", f"checksum failed for {location}: {e}") from e

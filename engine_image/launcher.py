@@ -29,6 +29,7 @@ from aiohttp import web
 
 from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint
+from kvfleet.weight_cache.progress import PullTracker
 
 from .artifact_decision import choose_rate, decide, measured_rate, read_node_rate, record_node_rate
 from .artifacts import artifact_fingerprint, is_complete, mark_complete, probe_accelerator
@@ -94,6 +95,11 @@ def _log_event(event: str, **fields: Any) -> None:
     log.info(json.dumps({"event": event, **fields}, default=str))
 
 
+def progress_log_due(last_logged_s: float | None, now_s: float, interval_s: float) -> bool:
+    """At most one progress line per ``interval_s``; the first one as soon as there is one."""
+    return last_logged_s is None or now_s - last_logged_s >= interval_s
+
+
 class Launcher:
     """One launch of one engine. Not reusable: create a new one per launch."""
 
@@ -103,6 +109,8 @@ class Launcher:
         self.deps = deps
         self.metrics = ColdStartMetrics()
         self.recorder = PhaseRecorder(deps.clock, on_record=self._on_record)
+        self.pull_progress = PullTracker(settings.pull_progress, clock=deps.clock)
+        self.metrics.track_pull(self.pull_progress.report)
         self._engine: EngineProcess | None = None
         self._weights: PulledWeights | None = None
         self._artifacts = _ArtifactsState()
@@ -138,6 +146,28 @@ class Launcher:
         )
         return doc
 
+    def progress(self) -> dict[str, Any]:
+        """The ``/progress`` document: the running phase and the weight pull's figures (a few
+        hundred bytes, whatever the model: the operator reads it with a small bound)."""
+        phase = self.recorder.current or ("serve" if self.recorder.complete else None)
+        report = self.pull_progress.report()
+        return {"phase": phase, "pull": report.to_doc() if report is not None else None}
+
+    async def _log_pull_progress(self) -> None:
+        """Log the pull's progress while it runs (cancelled when it ends). Wakes every sample
+        interval so the first line comes right after the pull starts; logs at the bounded rate."""
+        last_logged: float | None = None
+        while True:
+            await asyncio.sleep(self.settings.pull_progress.sample_interval_s)
+            now = self.deps.clock()
+            if not progress_log_due(last_logged, now, self.settings.progress_log_interval_s):
+                continue
+            report = self.pull_progress.report()
+            if report is None:
+                continue  # a node-cache hit or a lock wait: nothing is moving
+            last_logged = now
+            _log_event("pull_progress", progress=report.summary(), percent=report.percent, **report.to_doc())
+
     # -- signals ----------------------------------------------------------------------------
 
     def handle_signal(self, signum: int) -> None:
@@ -172,7 +202,12 @@ class Launcher:
 
     async def _pull(self) -> PulledWeights:
         with self.recorder.phase("pull") as detail:
-            weights = await self._in_thread(self.deps.weights.pull, self.launch)
+            ticker = asyncio.create_task(self._log_pull_progress(), name="pull-progress")
+            try:
+                weights = await self._in_thread(self.deps.weights.pull, self.launch, self.pull_progress)
+            finally:
+                ticker.cancel()
+                await asyncio.wait({ticker})  # never raises: a stop of this task still propagates
             self._weights = weights
             detail.update(source=weights.source, digest=weights.digest, bytesFetched=weights.bytes_fetched)
         self.metrics.set_cache_hit("node", weights.node_cache_hit)
@@ -347,7 +382,9 @@ class Launcher:
         self._render(_DRY_RUN_MODEL, None)
         try:
             runner = await start_metrics_server(
-                make_app(self.metrics, self.report), self.settings.metrics_host, self.settings.metrics_port
+                make_app(self.metrics, self.report, self.progress),
+                self.settings.metrics_host,
+                self.settings.metrics_port,
             )
         except OSError as e:
             where = f"{self.settings.metrics_host}:{self.settings.metrics_port}"

@@ -42,6 +42,7 @@ class PhaseRecorder:
         self._clock = clock
         self._on_record = on_record
         self._records: dict[Phase, PhaseRecord] = {}
+        self._current: Phase | None = None
 
     @contextmanager
     def phase(self, name: Phase) -> Iterator[dict[str, Any]]:
@@ -50,11 +51,20 @@ class PhaseRecorder:
             raise ValueError(f"phase {name} was already recorded")
         detail: dict[str, Any] = {}
         start = self._clock()
-        yield detail
+        self._current = name
+        try:
+            yield detail
+        finally:
+            self._current = None
         record = PhaseRecord(name, max(0.0, self._clock() - start), dict(detail))
         self._records[name] = record
         if self._on_record is not None:
             self._on_record(record)
+
+    @property
+    def current(self) -> Phase | None:
+        """The phase running now (None between phases and after the last one)."""
+        return self._current
 
     @property
     def records(self) -> Mapping[Phase, PhaseRecord]:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvfleet.weight_cache.settings import ProgressSettings
+
 from .artifact_decision import DecisionSettings
 from .engine_args import ReferenceEngineSizing
 from .readiness import ReadinessSettings
@@ -48,6 +50,11 @@ class LauncherSettings:
     reference: ReferenceEngineSizing = field(default_factory=ReferenceEngineSizing)
     # When an artifact in the bucket is worth fetching (artifact_decision.py).
     artifact_decision: DecisionSettings = field(default_factory=DecisionSettings)
+    # At most one pull-progress line per this many seconds in the log (the first comes as the pull
+    # starts): a 140 GB pull at 1 GB/s writes 15 lines, at 100 MB/s about 140.
+    progress_log_interval_s: float = 10.0
+    # The pull's rate window and sampling (what the log, /progress and the operator's message say).
+    pull_progress: ProgressSettings = field(default_factory=ProgressSettings)
 
     def __post_init__(self) -> None:
         _port(self.engine_port, "engine_port")
@@ -56,6 +63,8 @@ class LauncherSettings:
             raise ValueError("engine_port and metrics_port must differ")
         if not 0 < self.artifact_push_timeout_s <= 7200:
             raise ValueError("artifact_push_timeout_s must be in (0, 7200]")
+        if not 0.1 <= self.progress_log_interval_s <= 3600:
+            raise ValueError("progress_log_interval_s must be in [0.1, 3600]")
 
     @property
     def engine_url(self) -> str:

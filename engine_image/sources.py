@@ -16,6 +16,7 @@ from typing import Protocol
 
 from kvfleet.weight_cache.artifacts import ArtifactOffer
 from kvfleet.weight_cache.fingerprint import Fingerprint
+from kvfleet.weight_cache.progress import TransferProgress
 
 from .errors import LaunchError
 from .launch_spec import LaunchSpec
@@ -43,9 +44,10 @@ class PulledWeights:
 
 
 class WeightPuller(Protocol):
-    """Brings a deployment's weights onto this node (blocking; the launcher runs it in a thread)."""
+    """Brings a deployment's weights onto this node (blocking; the launcher runs it in a thread),
+    telling ``progress`` about the bytes as they move (nothing when there is nothing to move)."""
 
-    def pull(self, launch: LaunchSpec) -> PulledWeights: ...
+    def pull(self, launch: LaunchSpec, progress: TransferProgress) -> PulledWeights: ...
 
 
 class ArtifactStore(Protocol):
@@ -96,7 +98,7 @@ class LocalWeights:
     def __init__(self, pvc_mount_root: Path) -> None:
         self._pvc_mount_root = pvc_mount_root
 
-    def pull(self, launch: LaunchSpec) -> PulledWeights:
+    def pull(self, launch: LaunchSpec, progress: TransferProgress) -> PulledWeights:
         path = local_model_path(launch.spec.model.uri, self._pvc_mount_root)
         if path is None:
             raise LaunchError("pull", f"{launch.spec.model.uri} is not a local model (file:// or pvc://)")

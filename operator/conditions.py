@@ -13,6 +13,7 @@ from typing import Any
 from kvfleet.status import CONDITION_TYPES, ConditionStatus, ConditionType
 
 from .pod_health import PodDiagnosis
+from .pull_progress import PullsSeen
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Observed:
     selector: str
     measured_cold_start_s: float | None
     pods: PodDiagnosis | None = None  # why engine pods are not serving (crash loop, image pull, ...)
+    pulls: PullsSeen | None = None  # weight pulls the launchers of not-ready pods report
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,10 @@ def _conditions(obs: Observed) -> list[Cond]:
             or dep.replicas > dep.updated_replicas
         )
         reason = "RollingOut" if template_moving else "ScalingUp"
+        if obs.pulls is not None:
+            # The reason stays: a pull is part of rolling out or scaling up, and a new reason would
+            # post an Event each time one starts or ends. The message moves with the bytes.
+            why = f"{why}; {obs.pulls.message()}"
         progressing = Cond("Progressing", "True", reason, why)
     else:
         progressing = Cond("Progressing", "False", "Complete", why)

@@ -64,7 +64,12 @@ RULES: tuple[Rule, ...] = (
         ("get", "create", "patch", "delete"),
         "ServiceMonitor, only where the Prometheus Operator CRD exists (found through discovery)",
     ),
-    Rule("", ("pods",), ("list",), "find Ready engine pods to ask their launcher for the measured cold start"),
+    Rule(
+        "",
+        ("pods",),
+        ("list",),
+        "engine pods: why unready ones fail, their launchers' pull progress, Ready ones' measured cold start",
+    ),
     Rule("", ("events",), ("create",), "an Event per status transition"),
     Rule(
         "kopf.dev",

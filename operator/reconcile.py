@@ -22,7 +22,8 @@ from .coldstart import ColdStartProbe
 from .conditions import DeploymentObservation, Observed, plan_status
 from .drift import first_difference
 from .kube import KubeClient, KubeError, NotFound, Ref, Rejected
-from .pod_health import PodDiagnosis, diagnose_pods
+from .pod_health import diagnose_pods
+from .pull_progress import PullProgressProbe
 from .render import (
     CHILD_KINDS,
     DEPLOYMENT,
@@ -82,12 +83,14 @@ class Reconciler:
         post_event: EventPoster,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         coldstart: ColdStartProbe | None = None,
+        pull_progress: PullProgressProbe | None = None,
     ) -> None:
         self._client = client
         self._settings = settings
         self._post_event = post_event
         self._clock = clock
         self._coldstart = coldstart
+        self._pull_progress = pull_progress
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         # Replica count last applied per deployment: lets the watch handler skip events that do
         # not change the decision (most of them: our own status writes, the autoscaler's reasons).
@@ -187,7 +190,10 @@ class Reconciler:
             self._applied_replicas[(namespace, name)] = decision.replicas
 
         measured = await self._measure_cold_start(namespace, name, deployment_live)
-        pods = await self._diagnose_pods(namespace, name, deployment_live, decision.replicas)
+        unready = await self._pods_while_unready(namespace, name, deployment_live, decision.replicas)
+        pulls = None
+        if unready and self._pull_progress is not None and self._settings.progress_pods_per_tick > 0:
+            pulls = await self._pull_progress.read(unready)
         observed = Observed(
             generation=generation,
             desired_replicas=decision.replicas,
@@ -199,16 +205,17 @@ class Reconciler:
             endpoint=self._settings.router_endpoint,
             selector=names.selector_string(name),
             measured_cold_start_s=measured,
-            pods=pods,
+            pods=diagnose_pods(unready) if unready else None,
+            pulls=pulls,
         )
         await self._write_status(body, observed, live_status, outcome)
         return outcome
 
-    async def _diagnose_pods(
+    async def _pods_while_unready(
         self, namespace: str, name: str, deployment: dict[str, Any] | None, desired: int
-    ) -> PodDiagnosis | None:
-        """Read the engine pods only while some wanted replica is not ready (a converged deployment
-        costs no extra request)."""
+    ) -> list[dict[str, Any]] | None:
+        """The engine pods, read only while some wanted replica is not ready (a converged deployment
+        costs no extra request): why they fail, and how far their weight pulls are."""
         if deployment is None or desired == 0:
             return None
         if int((deployment.get("status") or {}).get("readyReplicas") or 0) >= desired:
@@ -218,7 +225,7 @@ class Reconciler:
         except KubeError as e:
             log.info("cannot list engine pods of %s/%s to say why they are not ready: %s", namespace, name, e)
             return None
-        return diagnose_pods(pods)
+        return pods
 
     async def _measure_cold_start(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> float | None:
         if self._coldstart is None or self._settings.coldstart_pods_per_tick == 0 or deployment is None:

@@ -11,6 +11,7 @@ import kopf
 from .coldstart import ColdStartProbe
 from .handlers import build_registry, configure_kopf
 from .kube import Credentials, KubeClient
+from .pull_progress import PullProgressProbe
 from .reconcile import Reconciler
 from .settings import OperatorSettings
 
@@ -39,7 +40,14 @@ async def run_operator(
         timeout_s=settings.coldstart_timeout_s,
         pods_per_tick=settings.coldstart_pods_per_tick,
     )
-    reconciler = Reconciler(client, settings, post_event=post_kopf_event, coldstart=coldstart)
+    pull_progress = PullProgressProbe(
+        port=settings.launcher_port,
+        timeout_s=settings.progress_timeout_s,
+        pods_per_tick=settings.progress_pods_per_tick,
+    )
+    reconciler = Reconciler(
+        client, settings, post_event=post_kopf_event, coldstart=coldstart, pull_progress=pull_progress
+    )
     registry = build_registry(reconciler, settings)
 
     @kopf.on.login(registry=registry)

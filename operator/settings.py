@@ -95,6 +95,20 @@ class OperatorSettings(BaseModel):
     coldstart_pods_per_tick: int = Field(
         default=8, ge=0, le=1000, description="Launcher endpoints queried per deployment per resync (0 disables)."
     )
+    progress_timeout_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=30,
+        description="Timeout of one launcher /progress GET (pods are asked at once, so this bounds the delay "
+        "it adds to a reconcile).",
+    )
+    progress_pods_per_tick: int = Field(
+        default=8,
+        ge=0,
+        le=64,
+        description="Launchers of not-ready pods asked how far their weight pull is, per deployment per rollout "
+        "check (0 disables the pull progress in the Progressing condition).",
+    )
     # --- HA: kopf peering; the highest priority runs, the others stand by.
     peering_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
         default=None, description="ClusterKopfPeering object name; None runs standalone (one replica only)."

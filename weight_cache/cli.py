@@ -65,6 +65,9 @@ class RichProgress:
         if self._task is not None:
             self._progress.advance(self._task, count)
 
+    def on_resumed(self, count: int) -> None:
+        self.on_bytes(count)
+
     def on_file_done(self, path: str, size_bytes: int) -> None:
         pass
 

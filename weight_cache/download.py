@@ -289,6 +289,7 @@ class _Round:
         if part.index in state.journal.done:
             with self._count_lock:
                 self.resumed_bytes += part.length
+            self.progress.on_resumed(part.length)
         else:
             with state.lock:
                 # Every earlier part is hashed and no one else touches the hasher until this part

@@ -72,6 +72,27 @@ class PullSettings(_Settings):
         return self
 
 
+class ProgressSettings(_Settings):
+    """How a pull's rate and time left are estimated (``PullTracker``)."""
+
+    # Long enough to smooth the bursts of parallel ranged GETs finishing together, short enough
+    # that a stall shows within half a minute.
+    rate_window_s: float = Field(default=20.0, gt=0, le=600)
+    # A sample at most this often: ~40 kept per window; also the shortest span a rate is given for.
+    sample_interval_s: float = Field(default=0.5, gt=0, le=60)
+
+    @property
+    def max_samples(self) -> int:
+        """What the window needs (one base sample before it, one per interval in it), hard-capped."""
+        return min(4096, int(self.rate_window_s / self.sample_interval_s) + 3)
+
+    @model_validator(mode="after")
+    def _interval_inside_window(self) -> ProgressSettings:
+        if self.sample_interval_s > self.rate_window_s:
+            raise ValueError("sample_interval_s must be <= rate_window_s")
+        return self
+
+
 class PopulateSettings(_Settings):
     """How a model is uploaded: multipart, parallel across and within files."""
 

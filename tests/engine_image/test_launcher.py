@@ -263,10 +263,10 @@ async def test_stop_before_the_engine_starts_abandons_the_launch(tmp_path: Path,
     pulling = threading.Event()
 
     class SlowWeights(LocalWeights):
-        def pull(self, launch: LaunchSpec) -> Any:
+        def pull(self, launch: LaunchSpec, progress: Any) -> Any:
             pulling.set()
             threading.Event().wait(1.0)
-            return super().pull(launch)
+            return super().pull(launch, progress)
 
     launcher = Launcher(
         make_launch(model_dir), make_settings(tmp_path), LaunchDeps(weights=SlowWeights(tmp_path), render=standin())

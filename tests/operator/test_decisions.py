@@ -10,8 +10,10 @@ import pytest
 from kvfleet.operator.coldstart import parse_coldstart, ready_pods
 from kvfleet.operator.conditions import DeploymentObservation, Observed, plan_status
 from kvfleet.operator.drift import first_difference, parse_quantity
+from kvfleet.operator.pull_progress import PullsSeen
 from kvfleet.operator.replicas import decide_replicas
 from kvfleet.operator.settings import OperatorSettings
+from kvfleet.pull_progress import PullReport
 from kvfleet.spec import InferenceDeploymentSpec
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -287,3 +289,23 @@ def test_ready_pods_newest_first_and_skips_the_unready() -> None:
         pod("e", "True", "2025-01-01T13:00:00Z", deleting=True),
     ]
     assert [p.uid for p in ready_pods(pods)] == ["b", "a"]
+
+
+def test_progressing_says_how_far_the_pull_is_without_a_new_reason() -> None:
+    pull = PullReport(
+        total_bytes=140 * 10**9, done_bytes=58 * 10**9, downloaded_bytes=58 * 10**9, rate_bytes_per_s=None, eta_s=None
+    )
+    starting = dep(spec_replicas=1, replicas=1, updated_replicas=1)
+    plan = plan_status(observed(starting, desired=1, pulls=PullsSeen(pulling=1, slowest=pull)), None, T0)
+    progressing = next(c for c in plan.status["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "ScalingUp")
+    assert progressing["message"] == "0/1 replicas ready; pulling 41% (58/140 GB)"
+    # The bytes move, the reason stays: no Event per tick of a pull.
+    later = PullReport(140 * 10**9, 100 * 10**9, 100 * 10**9, None, None)
+    again = plan_status(observed(starting, desired=1, pulls=PullsSeen(1, later)), plan.status, T1)
+    assert "pulling 71% (100/140 GB)" in str(again.status["conditions"])
+    assert again.transitions == ()
+    # Ready and current: a stale report says nothing.
+    done = dep(spec_replicas=1, replicas=1, updated_replicas=1, ready_replicas=1)
+    settled = plan_status(observed(done, desired=1, pulls=PullsSeen(1, later)), None, T0)
+    assert "pulling" not in str(settled.status["conditions"])

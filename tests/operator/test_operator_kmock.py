@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,11 @@ from support.kube_emulator import (
     start_operator,
     stop_operator,
 )
+
+from kvfleet.engine_image.errors import LaunchError
+from kvfleet.engine_image.launch_spec import parse_launch_spec
+from kvfleet.engine_image.launcher import LaunchDeps, Launcher
+from kvfleet.engine_image.settings import LauncherSettings
 
 NS = "default"
 # kmock 0.8 loads its bundled resources with a deprecated importlib call.
@@ -348,6 +354,96 @@ async def test_measured_cold_start_comes_from_the_launcher(cluster: Cluster, fre
     finally:
         await stop_operator(running)
         await runner.cleanup()
+
+
+class HeldPull:
+    """A weight puller that reports the bytes the test moves and holds until released: the real
+    launcher serves its real /progress from it, on the port the operator asks."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.progress: Any = None
+
+    def pull(self, launch: Any, progress: Any) -> Any:
+        progress.on_start(self.total_bytes, 0)
+        self.progress = progress
+        self.started.set()
+        self.release.wait(60)
+        raise LaunchError("pull", "the test is over")
+
+
+async def test_progressing_says_how_far_the_weight_pull_is(cluster: Cluster, free_port: int, tmp_path: Path) -> None:
+    now = [0.0]
+    held = HeldPull(140 * 10**9)
+    launcher = Launcher(
+        parse_launch_spec({"name": "tiny", "spec": tiny()["spec"]}),
+        LauncherSettings(
+            node_cache_dir=tmp_path, engine_port=pick_free_port(), metrics_host="127.0.0.1", metrics_port=free_port
+        ),
+        LaunchDeps(weights=held, clock=lambda: now[0]),
+    )
+    launch = asyncio.create_task(launcher.run())
+    running = await start_operator(cluster, operator_settings(launcher_port=free_port, rollout_check_interval_s=0.3))
+    try:
+        assert await asyncio.to_thread(held.started.wait, 10)
+        now[0] = 49.0
+        held.progress.on_bytes(58_800_000_000)  # 58.8 GB in 49 s: 1.2 GB/s, 81.2 GB left
+        await cluster.create_infd(tiny())
+        await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+        await cluster.call("POST", f"/api/v1/namespaces/{NS}/pods", _engine_pod(ready=False))
+        status = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 0}
+        deployment_status = f"/apis/apps/v1/namespaces/{NS}/deployments/tiny-engine/status"
+        await cluster.call("PATCH", deployment_status, {"status": status}, "application/merge-patch+json")
+
+        def progressing() -> dict[str, Any]:
+            return condition(cluster.get(INFD, NS, "tiny"), "Progressing") or {}
+
+        said = "0/1 replicas ready; pulling 42% (58/140 GB), 1.20 GB/s, 1m08s left"
+        await eventually(lambda: progressing().get("message") == said, what="the pull in Progressing")
+        assert (progressing()["status"], progressing()["reason"]) == ("True", "ScalingUp")
+
+        # The bytes move on; the message follows within a rollout check, without an Event per tick.
+        # (kopf posts Events from a queue: wait for this transition's before counting.)
+        await eventually(lambda: any(e["reason"] == "ScalingUp" for e in events_for(cluster, "tiny")), what="Event")
+        events_before = len(events_for(cluster, "tiny"))
+        now[0] = 59.0
+        held.progress.on_bytes(12_000_000_000)
+        await eventually(lambda: "pulling 50% (70/140 GB)" in progressing().get("message", ""), what="the new figure")
+        await _sleep(running.settings.rollout_check_interval_s * 3)
+        assert len(events_for(cluster, "tiny")) == events_before
+
+        # Ready: the pull is over, and the condition no longer speaks of it.
+        await cluster.call("DELETE", f"/api/v1/namespaces/{NS}/pods/tiny-engine-abc")
+        await cluster.call("POST", f"/api/v1/namespaces/{NS}/pods", _engine_pod(ready=True, name="tiny-engine-def"))
+        await cluster.roll_out(NS, "tiny", ready=1)
+        await eventually(lambda: progressing().get("status") == "False", what="Progressing False")
+        assert "pulling" not in progressing()["message"]
+    finally:
+        held.release.set()
+        await stop_operator(running)
+        with pytest.raises(LaunchError):
+            await asyncio.wait_for(launch, 20)
+
+
+def _engine_pod(ready: bool, name: str = "tiny-engine-abc") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {"app.kubernetes.io/name": "kvfleet-engine", "kvfleet.io/deployment": "tiny"},
+        },
+        "status": {
+            "podIP": "127.0.0.1",
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": "2025-01-01T00:00:00Z"}
+            ],
+            "containerStatuses": [{"name": "engine", "state": {"running": {"startedAt": "2025-01-01T00:00:00Z"}}}],
+        },
+    }
 
 
 async def test_peering_lets_only_the_highest_priority_replica_work(cluster: Cluster) -> None:

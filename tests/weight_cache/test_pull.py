@@ -26,7 +26,7 @@ from kvfleet.weight_cache import (
     populate,
     pull_to_dir,
 )
-from kvfleet.weight_cache.progress import CountingProgress
+from kvfleet.weight_cache.progress import CountingProgress, PullTracker
 from kvfleet.weight_cache.s3 import S3Client
 from tests.conftest import pick_free_port
 from tests.weight_cache.conftest import SMALL_MODEL, MiB, tree_bytes, write_model
@@ -142,8 +142,13 @@ def test_interrupted_pull_resumes_without_refetching_finished_parts(s3: S3Client
     assert done_parts == [0, 1, 2]
 
     counter = _GetCounter(s3)
-    result = pull_to_dir(s3, uri, dest, one_worker)
+    tracker = PullTracker()
+    result = pull_to_dir(s3, uri, dest, one_worker, progress=tracker)
     assert tree_bytes(dest) == tree_bytes(src)
+    # What a progress reader sees: every byte in place, only the missing ones moved.
+    report = tracker.report()
+    assert report is not None and report.percent == 100
+    assert (report.done_bytes, report.downloaded_bytes) == (6 * MiB + 100, 3 * MiB + 100)
     big_ranges = [r for r in counter.ranges if r.startswith("bytes=") and r != "bytes=0-33554432" and r != "bytes=0-99"]
     assert big_ranges == [f"bytes={i * MiB}-{(i + 1) * MiB - 1}" for i in (3, 4, 5)]
     assert result.downloaded_bytes == 3 * MiB + 100 and result.reused_bytes == 3 * MiB

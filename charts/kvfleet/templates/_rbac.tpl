@@ -36,7 +36,7 @@ same list serves a ClusterRole (cluster mode) and a Role per watched namespace. 
   resources: [servicemonitors]
   verbs: [get, create, patch, delete]
 - apiGroups: [""]
-  # Ready engine pods, to ask their launcher for the measured cold start.
+  # Engine pods: why unready ones fail, their launchers' pull progress, Ready ones' measured cold start.
   resources: [pods]
   verbs: [list]
 - apiGroups: [""]
