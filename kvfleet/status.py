@@ -62,7 +62,11 @@ class InferenceDeploymentStatus(StatusModel):
         default=None, description="OpenAI-compatible base URL clients use (through the router)."
     )
     model_digest: Annotated[str, StringConstraints(max_length=128)] | None = Field(
-        default=None, description="Digest of the weight-cache manifest of the served model."
+        default=None,
+        description=(
+            "sha256 of the weight-cache manifest the newest Ready pod serves (for a local model directory, of "
+            "its files' names, sizes and times), as its launcher reported it."
+        ),
     )
     measured_cold_start_seconds: float | None = Field(
         default=None, ge=0, description="Cold start the launcher last measured (pull to first ready)."

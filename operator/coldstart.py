@@ -1,4 +1,5 @@
-"""Learn status.measuredColdStartSeconds from the launchers' ``/coldstart`` endpoints.
+"""Learn status.measuredColdStartSeconds and status.modelDigest from the launchers' ``/coldstart``
+endpoints.
 
 Why the operator asks the launcher (and not a pod annotation the launcher writes): writing an
 annotation would need a Kubernetes token with ``pods/patch`` in every engine pod, and such a token
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,16 @@ import aiohttp
 log = logging.getLogger(__name__)
 
 MAX_REMEMBERED_PODS = 4096
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")  # sha256 of the weight-cache manifest, hex
+
+
+@dataclass(frozen=True)
+class LauncherReport:
+    """What one Ready pod's launcher measured: its cold start, and the digest of the weights it serves
+    (None when it sent none, or not in a digest's shape)."""
+
+    seconds: float
+    model_digest: str | None
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,13 @@ def parse_coldstart(doc: Any) -> float | None:
     return float(value)
 
 
+def parse_model_digest(doc: Any) -> str | None:
+    """The manifest digest the launcher served (64 lowercase hex), or None when absent or malformed:
+    a tenant's pod answers, so nothing but a digest's shape reaches status."""
+    value = doc.get("modelDigest") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) and _DIGEST.match(value) else None
+
+
 MAX_COLDSTART_BYTES = 4096  # the launcher's answer is a few hundred bytes of JSON
 
 
@@ -68,9 +87,9 @@ class ColdStartProbe:
         self._port = port
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._pods_per_tick = pods_per_tick
-        self._known: OrderedDict[str, tuple[str, float]] = OrderedDict()  # uid -> (ready_since, seconds)
+        self._known: OrderedDict[str, LauncherReport] = OrderedDict()  # by pod uid
 
-    async def _fetch(self, session: aiohttp.ClientSession, pod: PodTarget) -> float | None:
+    async def _fetch(self, session: aiohttp.ClientSession, pod: PodTarget) -> LauncherReport | None:
         host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
         try:
             async with session.get(f"http://{host}:{self._port}/coldstart") as response:
@@ -81,28 +100,30 @@ class ColdStartProbe:
                 if len(body) > MAX_COLDSTART_BYTES:
                     log.info("launcher of pod %s sent a /coldstart body over %d bytes", pod.uid, MAX_COLDSTART_BYTES)
                     return None
-                return parse_coldstart(json.loads(body))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                doc = json.loads(body)
+        except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as e:
             log.debug("launcher of pod %s did not answer /coldstart: %s", pod.uid, e)
             return None
+        seconds = parse_coldstart(doc)
+        return None if seconds is None else LauncherReport(seconds, parse_model_digest(doc))
 
-    async def latest(self, pods: list[dict[str, Any]]) -> float | None:
-        """The cold start of the most recently Ready pod that reported one (None when none did)."""
+    async def latest(self, pods: list[dict[str, Any]]) -> LauncherReport | None:
+        """The report of the most recently Ready pod that sent one (None when none did)."""
         targets = ready_pods(pods)
         unknown = [p for p in targets if p.uid not in self._known][: self._pods_per_tick]
         if unknown:
             async with aiohttp.ClientSession(timeout=self._timeout) as session:
                 for pod in unknown:
-                    seconds = await self._fetch(session, pod)
-                    if seconds is not None:
-                        self._remember(pod, seconds)
+                    report = await self._fetch(session, pod)
+                    if report is not None:
+                        self._remember(pod, report)
         for pod in targets:
             if pod.uid in self._known:
-                return self._known[pod.uid][1]
+                return self._known[pod.uid]
         return None
 
-    def _remember(self, pod: PodTarget, seconds: float) -> None:
-        self._known[pod.uid] = (pod.ready_since, seconds)
+    def _remember(self, pod: PodTarget, report: LauncherReport) -> None:
+        self._known[pod.uid] = report
         self._known.move_to_end(pod.uid)
         while len(self._known) > MAX_REMEMBERED_PODS:
             self._known.popitem(last=False)

@@ -70,6 +70,7 @@ class Observed:
     measured_cold_start_s: float | None
     pods: PodDiagnosis | None = None  # why engine pods are not serving (crash loop, image pull, ...)
     pulls: PullsSeen | None = None  # weight pulls the launchers of not-ready pods report
+    model_digest: str | None = None  # the manifest digest the newest Ready pod's launcher served
 
 
 @dataclass(frozen=True)
@@ -237,4 +238,6 @@ def plan_status(obs: Observed, previous: dict[str, Any] | None, now: datetime) -
         status["desiredReplicas"] = obs.desired_replicas
     if obs.measured_cold_start_s is not None:
         status["measuredColdStartSeconds"] = round(obs.measured_cold_start_s, 3)
+    if obs.model_digest is not None:
+        status["modelDigest"] = obs.model_digest
     return StatusPlan(status, tuple(transitions))

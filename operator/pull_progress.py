@@ -95,7 +95,7 @@ class PullProgressProbe:
                     log.info("launcher of pod %s sent a /progress body over %d bytes", pod.name, MAX_PROGRESS_BYTES)
                     return None
                 return parse_progress(json.loads(body))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as e:  # a tenant may nest deeply
             log.debug("launcher of pod %s did not answer /progress: %s", pod.name, e)
             return None
 

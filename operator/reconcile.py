@@ -18,7 +18,7 @@ from kvfleet.spec import API_VERSION, KIND, PLURAL
 from kvfleet.validation import validate_spec
 
 from . import names
-from .coldstart import ColdStartProbe
+from .coldstart import ColdStartProbe, LauncherReport
 from .conditions import DeploymentObservation, Observed, plan_status
 from .drift import first_difference
 from .kube import KubeClient, KubeError, NotFound, Ref, Rejected
@@ -204,7 +204,8 @@ class Reconciler:
             apply_error=outcome.apply_error,
             endpoint=self._settings.router_endpoint,
             selector=names.selector_string(name),
-            measured_cold_start_s=measured,
+            measured_cold_start_s=measured.seconds if measured is not None else None,
+            model_digest=measured.model_digest if measured is not None else None,
             pods=diagnose_pods(unready) if unready else None,
             pulls=pulls,
         )
@@ -227,7 +228,9 @@ class Reconciler:
             return None
         return pods
 
-    async def _measure_cold_start(self, namespace: str, name: str, deployment: dict[str, Any] | None) -> float | None:
+    async def _measure_cold_start(
+        self, namespace: str, name: str, deployment: dict[str, Any] | None
+    ) -> LauncherReport | None:
         if self._coldstart is None or self._settings.coldstart_pods_per_tick == 0 or deployment is None:
             return None
         if not ((deployment.get("status") or {}).get("readyReplicas") or 0):

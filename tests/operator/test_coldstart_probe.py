@@ -7,7 +7,7 @@ import json
 import pytest
 from aiohttp import web
 
-from kvfleet.operator.coldstart import MAX_COLDSTART_BYTES, ColdStartProbe
+from kvfleet.operator.coldstart import MAX_COLDSTART_BYTES, ColdStartProbe, LauncherReport
 
 
 def ready_pod(uid: str) -> dict[str, object]:
@@ -20,16 +20,24 @@ def ready_pod(uid: str) -> dict[str, object]:
     }
 
 
+DIGEST = "ab" * 32
+
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        (json.dumps({"totalSeconds": 12.5}).encode(), 12.5),
+        (json.dumps({"totalSeconds": 12.5}).encode(), LauncherReport(12.5, None)),
+        (json.dumps({"totalSeconds": 12.5, "modelDigest": DIGEST}).encode(), LauncherReport(12.5, DIGEST)),
+        # Only a digest's shape reaches status.
+        (json.dumps({"totalSeconds": 1, "modelDigest": "<script>"}).encode(), LauncherReport(1.0, None)),
         # Valid JSON, but far over the bound: refused without being parsed.
         (json.dumps({"totalSeconds": 12.5, "pad": "x" * (10 * MAX_COLDSTART_BYTES)}).encode(), None),
+        # Within the bound, nested deeper than the parser goes.
+        (b"[" * 2000 + b"]" * 2000, None),
     ],
-    ids=["small", "oversized"],
+    ids=["small", "digest", "not-a-digest", "oversized", "deep"],
 )
-async def test_coldstart_body_is_bounded(free_port: int, body: bytes, expected: float | None) -> None:
+async def test_coldstart_body_is_bounded(free_port: int, body: bytes, expected: LauncherReport | None) -> None:
     async def coldstart(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")
 

@@ -207,7 +207,10 @@ def test_conditions(obs: Observed, expected: dict[str, tuple[str, str]]) -> None
 
 
 def test_status_fields() -> None:
-    status = plan_status(observed(dep(replicas=2, ready_replicas=1), measured_cold_start_s=41.23456), None, T0).status
+    digest = "0f" * 32
+    obs = observed(dep(replicas=2, ready_replicas=1), measured_cold_start_s=41.23456, model_digest=digest)
+    status = plan_status(obs, None, T0).status
+    assert status["modelDigest"] == digest
     assert status["observedGeneration"] == 3
     assert (status["replicas"], status["readyReplicas"], status["desiredReplicas"]) == (2, 1, 2)
     assert status["endpoint"] == "http://router/v1" and status["selector"] == "a=b"
@@ -217,6 +220,7 @@ def test_status_fields() -> None:
     )
     autoscaled = plan_status(observed(dep(), autoscaling=True), None, T0).status
     assert "desiredReplicas" not in autoscaled  # the autoscaler's key
+    assert "modelDigest" not in autoscaled  # no launcher reported one
 
 
 def test_transitions_become_events_once() -> None:

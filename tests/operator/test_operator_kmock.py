@@ -312,14 +312,15 @@ async def test_service_monitor_when_its_crd_is_served(cluster: Cluster) -> None:
         await stop_operator(running)
 
 
-async def test_measured_cold_start_comes_from_the_launcher(cluster: Cluster, free_port: int) -> None:
+async def test_measured_cold_start_and_model_digest_come_from_the_launcher(cluster: Cluster, free_port: int) -> None:
     """A real HTTP launcher endpoint on loopback stands in for the pod's port 9400."""
     app = web.Application()
     asked: list[str] = []
 
     async def coldstart(request: web.Request) -> web.Response:
         asked.append(request.path)
-        return web.json_response({"totalSeconds": 42.5, "phases": {"pull": 30.0, "load": 12.5}})
+        report = {"totalSeconds": 42.5, "phases": {"pull": 30.0, "load": 12.5}, "modelDigest": "5e" * 32}
+        return web.json_response(report)
 
     app.router.add_get("/coldstart", coldstart)
     runner = web.AppRunner(app)
@@ -349,6 +350,7 @@ async def test_measured_cold_start_comes_from_the_launcher(cluster: Cluster, fre
             what="measuredColdStartSeconds",
         )
         assert infd["status"]["measuredColdStartSeconds"] == 42.5
+        assert infd["status"]["modelDigest"] == "5e" * 32
         await _sleep(running.settings.resync_interval_s * 3)
         assert asked == ["/coldstart"]  # asked once per pod, remembered after
     finally:
