@@ -205,6 +205,7 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
         started = 0
         background: list[asyncio.Task[None]] = []
         killed: set[int] = set()
+        killed_ids: set[str] = set()
         t0 = time.monotonic()
 
         def chaos(at: int) -> None:
@@ -220,6 +221,7 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
                 assert victim.pid is not None
                 os.kill(victim.pid, signal.SIGKILL)
                 killed.add(victim.pid)
+                killed_ids.add(victim.replica_id)
                 events.append(f"{now} kill -9 {victim.replica_id} ({len(ready)} ready)")
             elif action == "scale-down" and len(ready) == 3 and not rolling:
                 procs.set_desired(2, "bench scale-down")
@@ -274,6 +276,10 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
         "migrated": len(migrated),
         "failed": sum(not o.complete for o in outcomes),
         "failed_by_reason": dict(failed),
+        # A failure that names no killed replica came from a drain (scale-down, rolling restart).
+        "failed_not_on_a_killed_replica": sum(
+            not o.complete and not any(f"replica {r} " in o.reason for r in killed_ids) for o in outcomes
+        ),
         "failure_examples": sorted({o.reason for o in outcomes if not o.complete})[:8],
         "migration_failures": handler.failures[:5],
         "added_ttft_p50_s": pct(gaps, 0.5),
@@ -467,6 +473,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         row("streams migrated to another replica", "migrated"),
         row("failed", "failed"),
         f"| failed, by reason | {reasons(k)} | {reasons(b)} |",
+        row("failed on a replica not killed (a drain: scale-down, rolling restart)", "failed_not_on_a_killed_replica"),
         f"| added time to next token of a migrated stream, p50 / p99 (s) | {k['added_ttft_p50_s']:.3f} / "
         f"{k['added_ttft_p99_s']:.3f} | - |",
         f"| migrated temperature-0 texts equal to an unbroken run | {k['migrated_text_equal_unbroken']} of "
