@@ -42,6 +42,7 @@ from kvfleet.local.metrics import scrape_engine, total_inflight
 from kvfleet.local.models import EngineLaunch
 from kvfleet.local.runtime import RouterRegistry
 from kvfleet.local.settings import ProcessSettings
+from kvfleet.router.migration import CHAT_PATH, continuation, progress
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings
@@ -203,19 +204,24 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
         outcomes: list[Outcome] = []
         started = 0
         background: list[asyncio.Task[None]] = []
+        killed: set[int] = set()
+        killed_ids: set[str] = set()
         t0 = time.monotonic()
 
         def chaos(at: int) -> None:
             if not todo or todo[0][0] > at:
                 return
             action = todo[0][1]
-            ready = [s for s in procs.snapshot() if s.state == "ready" and s.pid]
+            # A replica killed a moment ago can still read as ready until the actuator sees it exit.
+            ready = [s for s in procs.snapshot() if s.state == "ready" and s.pid and s.pid not in killed]
             rolling = any(not t.done() for t in background)
             now = f"{time.monotonic() - t0:6.1f}s #{at}"
             if action == "kill" and len(ready) >= 2:
                 victim = rng.choice(ready)
                 assert victim.pid is not None
                 os.kill(victim.pid, signal.SIGKILL)
+                killed.add(victim.pid)
+                killed_ids.add(victim.replica_id)
                 events.append(f"{now} kill -9 {victim.replica_id} ({len(ready)} ready)")
             elif action == "scale-down" and len(ready) == 3 and not rolling:
                 procs.set_desired(2, "bench scale-down")
@@ -270,6 +276,10 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
         "migrated": len(migrated),
         "failed": sum(not o.complete for o in outcomes),
         "failed_by_reason": dict(failed),
+        # A failure that names no killed replica came from a drain (scale-down, rolling restart).
+        "failed_not_on_a_killed_replica": sum(
+            not o.complete and not any(f"replica {r} " in o.reason for r in killed_ids) for o in outcomes
+        ),
         "failure_examples": sorted({o.reason for o in outcomes if not o.complete})[:8],
         "migration_failures": handler.failures[:5],
         "added_ttft_p50_s": pct(gaps, 0.5),
@@ -286,8 +296,78 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
     }
 
 
+async def start_engine_process(model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    argv = EngineLaunch("eq", SERVED, model, ("--threads", "1", "--kv-blocks", "256"), {}).argv(port)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - started once
+    url = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as session:
+        for _ in range(1200):
+            try:
+                async with session.get(url + "/health") as resp:
+                    if resp.status == 200:
+                        return proc, url
+            except aiohttp.ClientError:
+                pass
+            if proc.poll() is not None:
+                break
+            await asyncio.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"engine did not start, see {log}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def continuation_equality(model: Path, log: Path, requests: int, seed: int) -> dict[str, Any]:
+    """Break streams at chosen points without killing anything: the router's own continuation request
+    (router/migration.py) built from the events sent so far, answered by the engine, appended to the
+    text sent, compared with the unbroken temperature-0 text. Differences are classed by cause."""
+    rng = random.Random(seed)
+    proc, url = await start_engine_process(model, log)
+    counts: Counter[str] = Counter()
+    try:
+        async with aiohttp.ClientSession() as session:
+            for i in range(requests):
+                path, body = make_body(rng, i)
+                chat = path == CHAT_PATH
+                body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+                async with session.post(url + path, json=body) as resp:
+                    raw = await resp.read()
+                events = [e for e in raw.split(b"\n\n") if e.strip()]
+                full = progress(raw, chat=chat).text
+                content_at = [j for j, e in enumerate(events) if progress(e + b"\n\n", chat=chat).chunks]
+                for k in sorted({3, len(content_at) // 3, 2 * len(content_at) // 3}):
+                    cut = b"\n\n".join(events[: content_at[k] + 1]) + b"\n\n"
+                    sent = progress(cut, chat=chat)
+                    follow = continuation(path, {**body, "stream": False, "stream_options": None}, sent)
+                    assert follow.body is not None, follow.reason
+                    follow.body.pop("stream_options")
+                    async with session.post(url + path, json=follow.body) as resp:
+                        choice = (await resp.json())["choices"][0]
+                    text = sent.text + (choice["message"]["content"] if chat else choice["text"])
+                    counts["breaks"] += 1
+                    if text == full:
+                        counts["equal"] += 1
+                    elif "\ufffd" in sent.text:
+                        counts["differ: a byte fragment (U+FFFD) in the text sent"] += 1
+                    else:
+                        counts["differ: the text sent re-tokenizes differently"] += 1
+    finally:
+        proc.kill()
+        proc.wait()
+    return dict(counts)
+
+
 ROUTER_PROC = """
 import asyncio, sys
+from kvfleet.router.migration import CHAT_PATH, continuation, progress
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings
@@ -360,6 +440,12 @@ async def head_memory(connections: int) -> dict[str, Any]:
 
 def render_markdown(result: dict[str, Any]) -> str:
     k, b, m = result["kvfleet"], result["baseline_no_migration"], result["front_end_memory"]
+    eq = result["continuation_equality"]
+
+    def equality(name: str) -> str:
+        counts = eq[name]
+        differ = ", ".join(f"{c} {r.removeprefix('differ: ')}" for r, c in counts.items() if r.startswith("differ"))
+        return f"{counts.get('equal', 0)} of {counts['breaks']} equal" + (f"; differ: {differ}" if differ else "")
 
     def row(name: str, key: str) -> str:
         return f"| {name} | {k[key]} | {b[key]} |"
@@ -372,7 +458,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         f"Command: `{result['command']}` ({result['machine']}; the engines, the router and the client share",
         "the cores). Local mode's parts: the router and local mode's process actuator over 3 reference-engine",
-        "processes (tiny random-weight model, 1 torch thread each); a mixed load (chat and completions,",
+        "processes (tiny random-weight model that generates whole words only, see below; 1 torch thread",
+        "each); a mixed load (chat and completions,",
         "streamed and not, temperature 0, 24-96 tokens each) at concurrency 16; `kill -9` of a ready replica",
         "at 5 random moments (only while another replica is ready), one scale-down to 2 and back to 3, one",
         "rolling restart (maxSurge 1). The same seed and chaos plan run without stream migration as the",
@@ -386,6 +473,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         row("streams migrated to another replica", "migrated"),
         row("failed", "failed"),
         f"| failed, by reason | {reasons(k)} | {reasons(b)} |",
+        row("failed on a replica not killed (a drain: scale-down, rolling restart)", "failed_not_on_a_killed_replica"),
         f"| added time to next token of a migrated stream, p50 / p99 (s) | {k['added_ttft_p50_s']:.3f} / "
         f"{k['added_ttft_p99_s']:.3f} | - |",
         f"| migrated temperature-0 texts equal to an unbroken run | {k['migrated_text_equal_unbroken']} of "
@@ -400,11 +488,25 @@ def render_markdown(result: dict[str, Any]) -> str:
         "(router-measured; connect, the continuation's prefill of prompt plus text so far, first token).",
         "",
         "Text equality: a migrated stream is sent again, unbroken, after the run and the texts compared.",
-        "Greedy decoding continues identically only where the text sent re-tokenizes into the tokens that",
-        "were generated. This model has random weights: it emits stray byte-level tokens (shown as U+FFFD",
-        "or as fragments that merge differently when re-encoded), so the re-tokenized prompt differs and",
-        "so does the continuation. A real model's text nearly always round-trips; exact continuation",
-        "for any text needs the token ids (vLLM's `return_token_ids`), which the router does not ask for.",
+        "Greedy decoding continues identically where the text sent re-tokenizes into the tokens that were",
+        "generated. The chaos runs' model generates whole space-led words only (`make-tiny-model",
+        "--words-only`), whose text always re-tokenizes exactly, as a real model's text nearly always does.",
+        "",
+        "Where token boundaries can shift: each of "
+        f"{eq['byte_level']['breaks'] // 3} streamed requests broken at 3 points (the router's own",
+        "continuation request, built from the events sent so far, answered by one engine) and compared with",
+        "the unbroken text:",
+        "",
+        "| model | continuations equal to the unbroken text |",
+        "|---|---|",
+        f"| words only (the chaos runs' model) | {equality('words_only')} |",
+        f"| byte-level, any token (random weights) | {equality('byte_level')} |",
+        "",
+        "The byte-level model with random weights emits byte fragments (invalid UTF-8, sent to the client",
+        "as U+FFFD, which re-encodes as other tokens) and token sequences that BPE merges differently when",
+        "the text is encoded again; the continuation then sees other tokens and greedy decoding goes",
+        "elsewhere. A trained model rarely does either. Exact continuation for any text needs the token",
+        "ids (vLLM's `return_token_ids`), which the router does not ask for.",
         "",
         "## Front-end memory",
         "",
@@ -433,6 +535,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--connections", type=int, default=500)
+    parser.add_argument("--equality-requests", type=int, default=40, help="streams broken at 3 points each")
     parser.add_argument("--max-duration-s", type=float, default=600, help="cap on a run that waits for its chaos")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--render", action="store_true", help="only rewrite chaos.md from chaos.json")
@@ -445,8 +548,17 @@ async def main() -> None:
     logging.getLogger().handlers[0].setLevel(logging.WARNING)
     logging.getLogger("kvfleet.router.proxy").setLevel(logging.INFO)  # the migration records
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_tiny_model(Path(tmp) / "tiny", layers=2, hidden=64, vocab=1024)
+        # Words only: the chaos runs' texts re-tokenize exactly, so a migrated text must equal the
+        # unbroken one; the byte-level model shows how often continuations differ when they do not.
+        model = make_tiny_model(Path(tmp) / "words", layers=2, hidden=64, vocab=1024, words_only=True)
+        byte_level = make_tiny_model(Path(tmp) / "bytes", layers=2, hidden=64, vocab=1024)
         logs = Path(tmp) / "logs"
+        logs.mkdir()
+        equality = {
+            name: await continuation_equality(m, logs / f"eq-{name}.log", args.equality_requests, args.seed)
+            for name, m in (("words_only", model), ("byte_level", byte_level))
+        }
+        print(json.dumps(equality, indent=1), flush=True)
         kvfleet = await chaos_run(model, logs, args, migrate=True)
         print(json.dumps(kvfleet, indent=1), flush=True)
         base_args = argparse.Namespace(**{**vars(args), "requests": args.baseline_requests or args.requests})
@@ -459,6 +571,7 @@ async def main() -> None:
         "command": " ".join(["bench/chaos.py", *sys.argv[1:]]),
         "kvfleet": kvfleet,
         "baseline_no_migration": baseline,
+        "continuation_equality": equality,
         "front_end_memory": memory,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -189,6 +189,11 @@ def serve(
 @click.option("--max-position-embeddings", default=2048, show_default=True, type=click.IntRange(16))
 @click.option("--tie-word-embeddings", is_flag=True)
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--words-only",
+    is_flag=True,
+    help="Generate only whole words, so any output re-tokenizes exactly (stream continuation tests).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace PATH if it exists.")
 def make_tiny_model_command(
     path: Path,
@@ -201,6 +206,7 @@ def make_tiny_model_command(
     max_position_embeddings: int,
     tie_word_embeddings: bool,
     seed: int,
+    words_only: bool,
     overwrite: bool,
 ) -> None:
     """Write a random-weight Llama model with a locally trained tokenizer to PATH."""
@@ -222,6 +228,7 @@ def make_tiny_model_command(
             max_position_embeddings=max_position_embeddings,
             tie_word_embeddings=tie_word_embeddings,
             seed=seed,
+            words_only=words_only,
         )
     except (ValueError, FileExistsError) as e:
         raise click.UsageError(str(e)) from e

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ class TinyModelSpec:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     seed: int = 0
+    # Only whole space-led words can be generated: any output then re-tokenizes into the tokens that
+    # were generated, so a continuation from the text (stream migration) is exact. Off: any token,
+    # byte fragments included, as a random model of a real tokenizer emits.
+    words_only: bool = False
 
     def __post_init__(self) -> None:
         if self.layers < 1 or self.hidden < 8 or self.heads < 1 or self.kv_heads < 1:
@@ -49,6 +54,8 @@ class TinyModelSpec:
             raise ValueError("hidden must split into heads of even size, and heads must be a multiple of kv_heads")
         if self.vocab < 300:
             raise ValueError("vocab must be >= 300 (256 byte tokens plus special tokens and merges)")
+        if self.words_only and self.tie_word_embeddings:
+            raise ValueError("words_only needs an untied lm_head (its rows of other tokens are zeroed)")
 
     @property
     def intermediate_size(self) -> int:
@@ -82,7 +89,19 @@ def train_tokenizer(vocab: int, seed: int = 0) -> Tokenizer:
     return tokenizer
 
 
-def _random_state(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
+def word_token_ids(tokenizer: Tokenizer) -> list[int]:
+    """Tokens that are a space and a lowercase word which encodes back to that one token.
+
+    The byte-level pre-tokenizer splits text before each space, so a run of these tokens encodes
+    back into the same tokens, also after a prompt or a chat template's newline."""
+    ids = []
+    for token, token_id in tokenizer.get_vocab().items():
+        if re.fullmatch("\u0120[a-z]+", token) and tokenizer.encode(" " + token[1:]).ids == [token_id]:
+            ids.append(token_id)
+    return sorted(ids)
+
+
+def _random_state(spec: TinyModelSpec, generable: list[int] | None = None) -> dict[str, torch.Tensor]:
     # Scaled init (std 1/sqrt(fan_in)) rather than 0.02 so logits are spread out: greedy choices
     # then have clear margins and do not flip on float rounding between batched and single runs.
     gen = torch.Generator().manual_seed(spec.seed)
@@ -107,6 +126,12 @@ def _random_state(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
     state["model.norm.weight"] = torch.ones(spec.hidden)
     if not spec.tie_word_embeddings:
         state["lm_head.weight"] = w(spec.vocab, spec.hidden)
+    if generable is not None:
+        # A zero row has logit 0, below the largest of a few hundred random word logits (each
+        # positive with probability 1/2), so greedy decoding never picks it.
+        keep = torch.zeros(spec.vocab, dtype=torch.bool)
+        keep[generable] = True
+        state["lm_head.weight"][~keep] = 0.0
     return state
 
 
@@ -140,7 +165,7 @@ def make_tiny_model(path: Path | str, *, overwrite: bool = False, **kwargs: int 
 
     Keyword arguments are :class:`TinyModelSpec` fields (``layers``, ``hidden``, ``vocab``,
     ``heads``, ``kv_heads``, ``intermediate``, ``max_position_embeddings``,
-    ``tie_word_embeddings``, ``seed``). The folder appears whole or not at all.
+    ``tie_word_embeddings``, ``seed``, ``words_only``). The folder appears whole or not at all.
     """
     spec = TinyModelSpec(**kwargs)  # type: ignore[arg-type]
     target = Path(path)
@@ -155,7 +180,8 @@ def make_tiny_model(path: Path | str, *, overwrite: bool = False, **kwargs: int 
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         tokenizer.save(str(staging / "tokenizer.json"))
-        save_file(_random_state(spec), str(staging / "model.safetensors"), metadata={"format": "pt"})
+        generable = word_token_ids(tokenizer) if spec.words_only else None
+        save_file(_random_state(spec, generable), str(staging / "model.safetensors"), metadata={"format": "pt"})
         config = _config(spec, [int(e) for e in eos_ids if e is not None])
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         tokenizer_config = {

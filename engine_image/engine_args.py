@@ -79,6 +79,9 @@ class RenderInputs:
     # How to run kvfleet's CLI; the launcher passes its own interpreter so the reference engine
     # runs in the same environment whether or not a `kvfleet` script is on PATH.
     kvfleet_command: tuple[str, ...] = ("kvfleet",)
+    # How long the engine finishes in-flight requests after SIGTERM (the launcher's own wait, from
+    # the pod's drain budget); None leaves the engine's default.
+    drain_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,8 @@ def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> Eng
         argv += ["--max-model-len", str(engine.max_model_len)]
     if not engine.enable_prefix_caching:
         argv.append("--no-enable-prefix-caching")
+    if inputs.drain_timeout_s is not None and not _flag_given(engine.extra_args, "--drain-timeout"):
+        argv += ["--drain-timeout", f"{inputs.drain_timeout_s:g}"]
     if inputs.artifacts_dir is not None:
         argv += ["--artifacts-dir", str(inputs.artifacts_dir / REFERENCE_ARTIFACTS_SUBDIR)]
     notes = []

@@ -194,6 +194,7 @@ class Launcher:
             artifacts_dir=artifacts_dir,
             reference=self.settings.reference,
             kvfleet_command=(sys.executable, "-m", "kvfleet.cli"),
+            drain_timeout_s=self.settings.stop.grace_s,
         )
         try:
             return self.deps.render(self.launch.spec, inputs)

@@ -235,6 +235,14 @@ class EngineSpec(ApiModel):
         description="Extra engine command-line arguments, appended last. Flags kvfleet manages are refused.",
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment variables.")
+    max_request_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="Longest a request may run. A stopping engine finishes its in-flight requests for this "
+        "long, so the pod's terminationGracePeriodSeconds is the preStop delay plus this; unset: the "
+        "operator's default (600).",
+    )
 
     @field_validator("extra_args")
     @classmethod

@@ -37,9 +37,14 @@ def startup_budget_s(spec: InferenceDeploymentSpec, settings: OperatorSettings) 
     return max(settings.startup_budget_min_s, min(settings.startup_budget_max_s, budget))
 
 
-def termination_grace_s(settings: OperatorSettings) -> int:
+def drain_budget_s(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> int:
+    """How long a stopping engine finishes in-flight requests: the longest request the spec allows."""
+    return spec.engine.max_request_seconds or settings.drain_timeout_s
+
+
+def termination_grace_s(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> int:
     """preStop sleep plus the time the engine may take to finish in-flight requests after SIGTERM."""
-    return settings.prestop_delay_s + settings.drain_timeout_s
+    return settings.prestop_delay_s + drain_budget_s(spec, settings)
 
 
 def pod_spec_hash(spec: InferenceDeploymentSpec) -> str:
@@ -72,7 +77,7 @@ def _env(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> list[dict
         {"name": "KVFLEET_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         # The launcher (PID 1) waits this long for the engine's drain after SIGTERM before killing it:
         # the same budget terminationGracePeriodSeconds gives after the preStop sleep.
-        {"name": "KVFLEET_DRAIN_TIMEOUT_S", "value": str(settings.drain_timeout_s)},
+        {"name": "KVFLEET_DRAIN_TIMEOUT_S", "value": str(drain_budget_s(spec, settings))},
     ]
     cache = spec.cache
     if cache.s3_endpoint is not None:
@@ -221,7 +226,7 @@ def render_pod_template(name: str, spec: InferenceDeploymentSpec, settings: Oper
         # Service links inject <SVC>_PORT variables; a Service called "vllm" sets VLLM_PORT, which
         # vLLM reads as its own setting and fails on.
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": termination_grace_s(settings),
+        "terminationGracePeriodSeconds": termination_grace_s(spec, settings),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": settings.run_as_user,

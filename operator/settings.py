@@ -75,7 +75,11 @@ class OperatorSettings(BaseModel):
         description="Sleep before SIGTERM so the router sees the endpoint leave before the engine stops admitting.",
     )
     drain_timeout_s: int = Field(
-        default=600, ge=1, le=3600, description="Longest in-flight request the engine finishes after SIGTERM."
+        default=600,
+        ge=1,
+        le=3600,
+        description="Longest in-flight request the engine finishes after SIGTERM, where the spec sets no "
+        "engine.maxRequestSeconds.",
     )
     # --- reconcile loop
     resync_interval_s: float = Field(

@@ -30,7 +30,7 @@ from kvfleet.local.metrics import EngineSample, MetricWindow, scrape_engine, tot
 from kvfleet.local.models import LocalModelError, ResolvedModel, engine_launch, resolve_model
 from kvfleet.local.processes import ProcessStartError, pick_free_port
 from kvfleet.local.prometheus import LocalPrometheus, ScrapeTarget, start_prometheus
-from kvfleet.local.settings import LocalSettings
+from kvfleet.local.settings import LocalSettings, for_longest_request
 from kvfleet.local.status import (
     DeploymentStatus,
     LocalStatus,
@@ -197,7 +197,7 @@ class LocalRuntime:
                     name=d.name,
                     command=launch.argv,
                     registry=registry,
-                    settings=self.settings.processes,
+                    settings=for_longest_request(self.settings.processes, d.spec.engine.max_request_seconds),
                     session=self._session,
                     log_dir=state_dir / "logs",
                     max_replicas=self._max_replicas(d),

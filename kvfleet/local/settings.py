@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
@@ -34,6 +34,14 @@ class ProcessSettings:
         _positive(self, "drain_wait_s", "term_grace_s", "restart_backoff_max_s", "restart_backoff_initial_s")
         if not 1 <= self.start_attempts <= 20:
             raise LocalSettingsError(f"start_attempts must be in [1, 20], got {self.start_attempts}")
+
+
+def for_longest_request(settings: ProcessSettings, max_request_s: float | None) -> ProcessSettings:
+    """A deployment that allows requests of ``max_request_s`` (``engine.maxRequestSeconds``) drains
+    that long before SIGTERM, as its pods' grace period does in a cluster; unset: the settings' own."""
+    if max_request_s is None:
+        return settings
+    return replace(settings, drain_wait_s=float(max_request_s))
 
 
 @dataclass(frozen=True)

@@ -67,3 +67,30 @@ def test_cli_builds_a_model(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "m" / "config.json").read_text())["hidden_size"] == 32
     bad = CliRunner().invoke(cli, ["engine", "make-tiny-model", str(tmp_path / "x"), "--hidden", "30", "--heads", "4"])
     assert bad.exit_code != 0 and "heads" in bad.output
+
+
+def test_words_only_output_re_tokenizes_into_the_generated_tokens(tmp_path: Path) -> None:
+    """What greedy decoding emits encodes back into the same ids, after a prompt too: a continuation
+    from the text alone then sees exactly the tokens the model produced."""
+    from kvfleet.engine.sampling import SamplingParams
+
+    from .conftest import make_core, run_to_completion
+
+    model_dir = make_tiny_model(tmp_path / "w", layers=1, hidden=32, vocab=512, words_only=True)
+    tok = ModelTokenizer.from_dir(model_dir)
+    prompts = {
+        "completion": "Request 1 about GPUs:",
+        "chat": tok.render_chat([{"role": "user", "content": "Say 3."}]),
+    }
+    ids = {name: tok.encode(text, add_special_tokens=False) for name, text in prompts.items()}
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    generated = run_to_completion(make_core(model_dir), ids, params)
+    for name, prompt in prompts.items():
+        text = tok.decode(generated[name])
+        assert tok.encode(prompt + text, add_special_tokens=False) == ids[name] + generated[name], name
+        assert len(set(generated[name])) > 3, "the model is not stuck on one token"
+
+
+def test_words_only_needs_an_untied_head(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="words_only"):
+        make_tiny_model(tmp_path / "w", words_only=True, tie_word_embeddings=True)

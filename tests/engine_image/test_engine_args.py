@@ -171,6 +171,15 @@ def test_reference_artifacts_flag() -> None:
     assert "--artifacts-dir" not in render_engine_command(make_spec("reference"), inputs()).argv
 
 
+def test_reference_drains_as_long_as_the_launcher_waits() -> None:
+    # The engine must not give up on in-flight requests before the pod's drain budget is spent.
+    argv = render_engine_command(make_spec("reference"), inputs(drain_timeout_s=3600.0)).argv
+    assert flag_value(argv, "--drain-timeout") == "3600"
+    assert "--drain-timeout" not in render_engine_command(make_spec("reference"), inputs()).argv
+    own = make_spec("reference", extraArgs=["--drain-timeout", "5"])
+    assert render_engine_command(own, inputs(drain_timeout_s=3600.0)).argv.count("--drain-timeout") == 1
+
+
 # What the reference engine cannot do is an error naming the spec field, never a silent change.
 @pytest.mark.parametrize(
     ("engine", "field"),

@@ -118,7 +118,7 @@ def test_no_autoscaling_uses_the_default_estimate() -> None:
 def test_prestop_and_grace_period_cover_the_drain() -> None:
     dep = render_deployment(OWNER, spec(), 1, SETTINGS)
     assert container(dep)["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "10"]}}}
-    assert pod(dep)["terminationGracePeriodSeconds"] == termination_grace_s(SETTINGS) == 10 + 600
+    assert pod(dep)["terminationGracePeriodSeconds"] == termination_grace_s(spec(), SETTINGS) == 10 + 600
     # The launcher, PID 1, is told the same drain budget: it must not SIGKILL the engine earlier.
     env = {e["name"]: e.get("value") for e in container(dep)["env"]}
     assert env["KVFLEET_DRAIN_TIMEOUT_S"] == "600"
@@ -126,6 +126,17 @@ def test_prestop_and_grace_period_cover_the_drain() -> None:
     dep = render_deployment(OWNER, spec(), 1, longer)
     assert pod(dep)["terminationGracePeriodSeconds"] == 10 + 1800
     assert {e["name"]: e.get("value") for e in container(dep)["env"]}["KVFLEET_DRAIN_TIMEOUT_S"] == "1800"
+
+
+def test_grace_period_follows_the_longest_request_the_spec_allows() -> None:
+    # A long-context deployment whose requests may run an hour: its pods wait that long after the
+    # preStop sleep, and the launcher lets the engine drain as long, whatever the operator's default.
+    dep = render_deployment(OWNER, spec(engine={"kind": "vllm", "maxRequestSeconds": 3600}), 1, SETTINGS)
+    assert pod(dep)["terminationGracePeriodSeconds"] == 10 + 3600
+    assert {e["name"]: e.get("value") for e in container(dep)["env"]}["KVFLEET_DRAIN_TIMEOUT_S"] == "3600"
+    assert container(dep)["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "10"]}}}
+    short = render_deployment(OWNER, spec(engine={"kind": "vllm", "maxRequestSeconds": 30}), 1, SETTINGS)
+    assert pod(short)["terminationGracePeriodSeconds"] == 10 + 30
 
 
 def test_volumes_shm_node_cache_and_spec() -> None:

@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 
 from kvfleet.engine.tiny_model import make_tiny_model
-from kvfleet.engine.tokenizer import ModelTokenizer
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.spec import RoutingSpec
 
@@ -25,7 +24,10 @@ MAX_TOKENS = 400
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", layers=2, hidden=64, vocab=1024)
+    # Words only: the model's output re-tokenizes into the tokens it generated (as a real model's
+    # text nearly always does), so a continuation from the text must match the unbroken run exactly.
+    # How often a byte-level model's continuations differ is measured in bench/chaos.py.
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", layers=2, hidden=64, vocab=1024, words_only=True)
 
 
 @pytest.fixture
@@ -113,11 +115,8 @@ def check_well_formed(events: list[Any], chat: bool) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
-async def test_a_replica_killed_mid_stream_is_continued_on_another(
-    engines: list[Engine], model_dir: Path, path: str
-) -> None:
+async def test_a_replica_killed_mid_stream_is_continued_on_another(engines: list[Engine], path: str) -> None:
     chat = path.endswith("chat/completions")
-    tokenizer = ModelTokenizer.from_dir(model_dir)
     async with running_router(source_of(engines)) as router, aiohttp.ClientSession() as session:
         unbroken, _ = await stream(session, router.url, path, request(path, 1), 0, engines)
         reference_usage = check_well_formed(unbroken, chat)
@@ -129,22 +128,11 @@ async def test_a_replica_killed_mid_stream_is_continued_on_another(
     # The tokens the client got add up to what it asked for (one chunk = one token here, see
     # router/migration.py), and the prompt is counted once.
     assert usage["completion_tokens"] == reference_usage["completion_tokens"] == MAX_TOKENS
-    # The prompt is counted once: the continuation's prompt less the tokens sent. That is exact only
-    # when the text sent re-tokenizes into the generated tokens, which this random-weight model's
-    # output (stray byte tokens shown as U+FFFD) seldom does, so only a lower bound is checked.
-    assert usage["prompt_tokens"] >= reference_usage["prompt_tokens"]
-    # What the client had before the break is the unbroken run's text (same greedy decoding); what
-    # follows comes from the continuation. Whole-text equality holds where the text sent re-tokenizes
-    # into the same tokens (a real model's text almost always; this model's seldom), so it is
-    # measured (bench/chaos.py) rather than asserted here.
-    sent = text_of(broken[:39], chat)
-    assert len(sent) > 0 and migrated.startswith(sent) and full.startswith(sent)
-    assert len(migrated) > len(sent)
-    if tokenizer.encode(sent, add_special_tokens=False) and "\ufffd" not in full:
-        # A text that round-trips must continue identically.
-        ids = tokenizer.encode(full, add_special_tokens=False)
-        if tokenizer.decode(ids) == full:
-            assert migrated == full
+    assert usage["prompt_tokens"] == reference_usage["prompt_tokens"]
+    # Temperature 0 and a text that re-tokenizes into the generated tokens: the migrated stream's
+    # text is the unbroken run's, the part before the break and the continuation alike.
+    assert migrated == full
+    assert len(full.split()) >= MAX_TOKENS // 2, "a real text, not a few repeated characters"
     assert victim in {e.replica_id for e in engines}
 
 

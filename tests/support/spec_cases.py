@@ -46,6 +46,12 @@ CASES: list[tuple[str, list[tuple[str, Any]], str, str]] = [
         "maxReplicas",
     ),
     (
+        "max-request-over-the-drain-bound",
+        [("spec.engine.maxRequestSeconds", 7200)],
+        "spec.engine.maxRequestSeconds",
+        "3600",
+    ),
+    (
         "tp-not-dividing-gpus",
         [("spec.engine.tensorParallelSize", 3), ("spec.resources.gpus", 4)],
         "spec.engine.tensorParallelSize",
