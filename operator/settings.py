@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from kvfleet.spec import EngineKind
 
+from .policy import UNRESTRICTED, SpecPolicy
+
 FIELD_MANAGER = "kvfleet-operator"
 # Prefix of kopf's own bookkeeping (finalizer, progress and diff-base annotations).
 KOPF_PREFIX = "kvfleet.io"
@@ -94,6 +96,12 @@ class OperatorSettings(BaseModel):
     coldstart_timeout_s: float = Field(default=2.0, gt=0, le=60, description="Timeout of one launcher /coldstart GET.")
     coldstart_pods_per_tick: int = Field(
         default=8, ge=0, le=1000, description="Launcher endpoints queried per deployment per resync (0 disables)."
+    )
+    # --- what a spec may ask for (the chart renders the platform team's policy into a file)
+    policy: SpecPolicy = Field(
+        default=UNRESTRICTED,
+        description="Node-cache host paths, image registries, PriorityClasses and "
+        "tolerations a spec may use; a spec outside it gets Degraded=True, reason PolicyViolation.",
     )
     # --- HA: kopf peering; the highest priority runs, the others stand by.
     peering_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
