@@ -57,6 +57,20 @@ MONITORING_SCHEMAS: dict[str, dict[str, Any]] = {
                                 "path": _STR,
                                 "interval": _DURATION,
                                 "scrapeTimeout": _DURATION,
+                                "relabelings": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "action": {"enum": ["replace", "keep", "drop", "labelmap"]},
+                                            "sourceLabels": {"type": "array", "items": _STR},
+                                            "targetLabel": _STR,
+                                            "replacement": _STR,
+                                            "regex": _STR,
+                                        },
+                                    },
+                                },
                             },
                         },
                     },
