@@ -89,6 +89,10 @@ def run(
     except (ValidationError, yaml.YAMLError, OSError) as e:
         raise click.UsageError(f"{policy_file or 'settings'}: {e}") from e
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if policy_file is None:
+        logging.getLogger(__name__).warning("no --policy-file: every spec may use any host path, image and priority")
+    else:
+        logging.getLogger(__name__).info("spec policy: %s", settings.policy.model_dump(by_alias=True, mode="json"))
     asyncio.run(run_operator(settings))
 
 
