@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from kvfleet.cli_options import format_data, output_format
 
+from .policy import load_policy
 from .rbac import DEFAULT_NAMESPACE, INSTALL_PATH, PEERING_NAME, render_install
 from .settings import OperatorSettings
 
@@ -43,6 +44,12 @@ def operator() -> None:
 @click.option(
     "--peering-lifetime-s", type=int, help="Seconds a silent peer is trusted (how soon a standby takes over)."
 )
+@click.option(
+    "--policy-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML policy on what a spec may ask for (nodeCacheHostPaths, imageRegistries, priorityClasses, "
+    "tolerationKeys; '*' allows any); without it nothing is restricted.",
+)
 def run(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
@@ -54,6 +61,7 @@ def run(
     peering_name: str | None,
     priority: int | None,
     peering_lifetime_s: int | None,
+    policy_file: Path | None,
 ) -> None:
     """Run the operator (in a pod, or against the current kubeconfig)."""
     from .runner import run_operator
@@ -75,10 +83,16 @@ def run(
     if peering_lifetime_s is not None:
         values["peering_lifetime_s"] = peering_lifetime_s
     try:
+        if policy_file is not None:
+            values["policy"] = load_policy(policy_file)
         settings = OperatorSettings.model_validate(values)
-    except ValidationError as e:
-        raise click.UsageError(str(e)) from e
+    except (ValidationError, yaml.YAMLError, OSError) as e:
+        raise click.UsageError(f"{policy_file or 'settings'}: {e}") from e
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if policy_file is None:
+        logging.getLogger(__name__).warning("no --policy-file: every spec may use any host path, image and priority")
+    else:
+        logging.getLogger(__name__).info("spec policy: %s", settings.policy.model_dump(by_alias=True, mode="json"))
     asyncio.run(run_operator(settings))
 
 

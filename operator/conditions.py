@@ -71,6 +71,16 @@ class Observed:
     pods: PodDiagnosis | None = None  # why engine pods are not serving (crash loop, image pull, ...)
     pulls: PullsSeen | None = None  # weight pulls the launchers of not-ready pods report
     model_digest: str | None = None  # the manifest digest the newest Ready pod's launcher served
+    policy_violation: str | None = None  # "spec.x: why" when the platform policy refuses the spec
+
+    @property
+    def refusal(self) -> tuple[str, str] | None:
+        """(reason, message) when nothing was applied because the spec was refused."""
+        if self.invalid_spec is not None:
+            return "InvalidSpec", self.invalid_spec
+        if self.policy_violation is not None:
+            return "PolicyViolation", self.policy_violation
+        return None
 
 
 @dataclass(frozen=True)
@@ -115,8 +125,9 @@ def _rollout_state(dep: DeploymentObservation, desired: int) -> tuple[bool, str]
 def _conditions(obs: Observed) -> list[Cond]:
     dep = obs.deployment
     degraded: Cond
-    if obs.invalid_spec is not None:
-        degraded = Cond("Degraded", "True", "InvalidSpec", obs.invalid_spec)
+    refusal = obs.refusal
+    if refusal is not None:
+        degraded = Cond("Degraded", "True", *refusal)
     elif obs.apply_error is not None:
         degraded = Cond("Degraded", "True", "ApplyFailed", obs.apply_error)
     elif obs.pods is not None:
@@ -136,11 +147,11 @@ def _conditions(obs: Observed) -> list[Cond]:
         desired = dep.spec_replicas if dep is not None else 0
 
     if dep is None:
-        why = "fix the spec; no child was created" if obs.invalid_spec else "creating the engine Deployment"
-        reason = "InvalidSpec" if obs.invalid_spec else "Creating"
+        why = "fix the spec; no child was created" if refusal else "creating the engine Deployment"
+        reason = refusal[0] if refusal else "Creating"
         return [
             Cond("Ready", "False", reason, why),
-            Cond("Progressing", "False" if obs.invalid_spec else "True", reason, why),
+            Cond("Progressing", "False" if refusal else "True", reason, why),
             degraded,
             Cond("ScaledToZero", "False", reason, why),
         ]
@@ -161,8 +172,8 @@ def _conditions(obs: Observed) -> list[Cond]:
     else:
         ready = Cond("Ready", "False", "NoReplicaReady", f"0/{desired} replicas ready; engines are starting")
     moving, why = _rollout_state(dep, desired)
-    if obs.invalid_spec is not None:
-        progressing = Cond("Progressing", "False", "InvalidSpec", "fix the spec; children left as they were")
+    if refusal is not None:
+        progressing = Cond("Progressing", "False", refusal[0], "fix the spec; children left as they were")
     elif moving:
         template_moving = (
             dep.observed_generation < dep.generation
@@ -218,7 +229,8 @@ def plan_status(obs: Observed, previous: dict[str, Any] | None, now: datetime) -
             )
             transitions.append(Transition(cond, "Warning" if warn else "Normal"))
     # One Event per reason: an invalid spec flips Ready, Progressing and Degraded at once, and
-    # three identical InvalidSpec Events would only be noise. The most telling condition speaks.
+    # three identical InvalidSpec (or PolicyViolation) Events would only be noise. The most telling
+    # condition speaks.
     by_reason: dict[str, Transition] = {}
     for transition in sorted(transitions, key=lambda t: _EVENT_PRIORITY.index(t.condition.type)):
         by_reason.setdefault(transition.condition.reason, transition)

@@ -55,7 +55,7 @@ def unsettled(body: dict[str, Any]) -> bool:
     if not conditions:
         return False  # not reconciled yet: the create handler runs anyway
     ready, progressing, degraded = (conditions.get(t) or {} for t in ("Ready", "Progressing", "Degraded"))
-    if degraded.get("reason") == "InvalidSpec":
+    if degraded.get("reason") in ("InvalidSpec", "PolicyViolation"):
         return False  # nothing to watch until the spec changes
     return ready.get("status") != "True" or progressing.get("status") == "True" or degraded.get("status") == "True"
 
@@ -63,6 +63,8 @@ def unsettled(body: dict[str, Any]) -> bool:
 def _check(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
     if outcome.invalid and outcome.events:  # once per change, not on every resync
         logger.warning("spec is invalid, children left unchanged: %s", outcome.invalid)
+    if outcome.refused and outcome.events:
+        logger.warning("spec refused by the platform policy, children left unchanged: %s", outcome.refused)
     if outcome.apply_error:
         logger.warning("apply refused: %s", outcome.apply_error)
     if outcome.applied:

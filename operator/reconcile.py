@@ -23,6 +23,7 @@ from .conditions import DeploymentObservation, Observed, plan_status
 from .drift import first_difference
 from .kube import KubeClient, KubeError, NotFound, Ref, Rejected
 from .pod_health import diagnose_pods
+from .policy import violations
 from .pull_progress import PullProgressProbe
 from .render import (
     CHILD_KINDS,
@@ -59,6 +60,7 @@ class Outcome:
     status_written: bool = False
     events: list[str] = field(default_factory=list)
     invalid: str | None = None
+    refused: str | None = None  # the platform policy's refusal ("spec.x: why")
     apply_error: str | None = None
     gone: bool = False
 
@@ -111,7 +113,7 @@ class Reconciler:
         if key not in self._applied_replicas or meta.get("deletionTimestamp"):
             return False
         spec, problems = validate_spec(body.get("spec"))
-        if spec is None or problems:
+        if spec is None or problems or violations(spec, self._settings.policy):
             return False
         desired = (body.get("status") or {}).get("desiredReplicas")
         decision = decide_replicas(spec, desired if spec.autoscaling_enabled else None)
@@ -143,13 +145,17 @@ class Reconciler:
         deployment_live = await self._client.get(ref_of(DEPLOYMENT), namespace, names.engine_name(name))
 
         spec, problems = validate_spec(body.get("spec"))
-        if spec is None or problems:
+        refused = violations(spec, self._settings.policy) if spec is not None and not problems else []
+        if spec is None or problems or refused:
             # Nothing is rendered or applied: the children keep doing what they did.
-            outcome.invalid = "; ".join(str(p) for p in problems) or "spec is missing"
+            if refused:
+                outcome.refused = "; ".join(str(v) for v in refused)
+            else:
+                outcome.invalid = "; ".join(str(p) for p in problems) or "spec is missing"
             observed = Observed(
                 generation=generation,
                 desired_replicas=None,
-                replica_reason="spec is invalid",
+                replica_reason="spec is refused by the platform policy" if refused else "spec is invalid",
                 autoscaling=False,
                 deployment=DeploymentObservation.from_object(deployment_live) if deployment_live else None,
                 invalid_spec=outcome.invalid,
@@ -157,6 +163,7 @@ class Reconciler:
                 endpoint=self._settings.router_endpoint,
                 selector=names.selector_string(name),
                 measured_cold_start_s=None,
+                policy_violation=outcome.refused,
             )
             await self._write_status(body, observed, live_status, outcome)
             return outcome

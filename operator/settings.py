@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from kvfleet.spec import EngineKind
 
+from .policy import UNRESTRICTED, SpecPolicy
+
 FIELD_MANAGER = "kvfleet-operator"
 # Prefix of kopf's own bookkeeping (finalizer, progress and diff-base annotations).
 KOPF_PREFIX = "kvfleet.io"
@@ -112,6 +114,12 @@ class OperatorSettings(BaseModel):
         le=64,
         description="Launchers of not-ready pods asked how far their weight pull is, per deployment per rollout "
         "check (0 disables the pull progress in the Progressing condition).",
+    )
+    # --- what a spec may ask for (the chart renders the platform team's policy into a file)
+    policy: SpecPolicy = Field(
+        default=UNRESTRICTED,
+        description="Node-cache host paths, image registries, PriorityClasses and "
+        "tolerations a spec may use; a spec outside it gets Degraded=True, reason PolicyViolation.",
     )
     # --- HA: kopf peering; the highest priority runs, the others stand by.
     peering_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(

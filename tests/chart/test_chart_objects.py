@@ -13,8 +13,9 @@ import pytest
 from .conftest import CI_VALUES
 
 Render = Callable[[Path], list[dict[str, Any]]]
-# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest the validator knows.
-KUBE_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion; ValidatingAdmissionPolicy v1 is GA
+# in 1.30) and the newest the validator knows.
+KUBE_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 # kubernetes-validate knows the built-in kinds only. For the Prometheus Operator kinds this is the
 # subset of their published schema that the chart uses (monitoring.coreos.com/v1 API reference):

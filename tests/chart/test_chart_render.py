@@ -57,7 +57,7 @@ def test_minimal_is_the_defaults_with_one_router(render_ci: Render) -> None:
     docs = render_ci(CHART / "ci" / "minimal-values.yaml")
     assert "PodDisruptionBudget" not in kinds(docs)  # one router: a budget would block drains
     assert "ServiceMonitor" not in kinds(docs) and "PrometheusRule" not in kinds(docs)
-    (dashboard,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (dashboard,) = [d for d in docs if d["kind"] == "ConfigMap" and not d["metadata"]["name"].endswith("-policy")]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["data"]["kvfleet.json"] == (CHART / "dashboards" / "kvfleet.json").read_text().rstrip("\n")
 
@@ -127,7 +127,8 @@ def test_namespaced_mode_defaults_to_the_release_namespace() -> None:
 
 def test_no_monitoring_renders_no_monitoring_objects(render_ci: Render) -> None:
     docs = render_ci(CHART / "ci" / "no-monitoring-values.yaml")
-    assert not {"ServiceMonitor", "PrometheusRule", "ConfigMap"} & set(kinds(docs))
+    assert not {"ServiceMonitor", "PrometheusRule"} & set(kinds(docs))
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"] == ["kvf-kvfleet-policy"]
     autoscaler = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-autoscaler"))
     args = autoscaler["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--prometheus-url=http://prometheus-server.monitoring.svc" in args

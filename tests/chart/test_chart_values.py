@@ -17,6 +17,7 @@ SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 # Values that are Kubernetes objects (validated by the API server) or free-form string maps.
 FREE_FORM = re.compile(
     r"(^|\.)(podSecurityContext|containerSecurityContext|affinity|resources|extraEnv|tolerations)$"
+    r"|(^|\.)(namespaceSelector|podSelector)$"
     r"|(^|\.)(annotations|labels|podAnnotations|podLabels|nodeSelector|commonLabels|alertLabels)$"
 )
 

@@ -2,6 +2,8 @@
 One kvfleet component: its Deployment. Call with
   (dict "root" $ "component" "router" "args" (list ...) "healthPath" "/health" "replicas" 2 "wakeToken" true)
 "wakeToken" mounts the shared wake token (wake-token.yaml) at /var/run/kvfleet/wake/token.
+"policy" mounts the spec policy ConfigMap (spec-policy.yaml) at /etc/kvfleet/policy/policy.yaml
+and stamps its checksum on the pod template, so a changed policy restarts the pod that reads it.
 The three components differ only in command, port, probes and replica policy, so they share this.
 */}}
 {{- define "kvfleet.deployment" -}}
@@ -38,9 +40,14 @@ spec:
         {{- with $values.podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      {{- with $values.podAnnotations }}
+      {{- if or $values.podAnnotations .policy }}
       annotations:
+        {{- if .policy }}
+        kvfleet.io/policy-checksum: {{ include "kvfleet.policyFile" $root | sha256sum }}
+        {{- end }}
+        {{- with $values.podAnnotations }}
         {{- toYaml . | nindent 8 }}
+        {{- end }}
       {{- end }}
     spec:
       serviceAccountName: {{ include "kvfleet.serviceAccountName" (dict "root" $root "component" .component) }}
@@ -110,6 +117,11 @@ spec:
               mountPath: /var/run/kvfleet/wake
               readOnly: true
             {{- end }}
+            {{- if .policy }}
+            - name: policy
+              mountPath: /etc/kvfleet/policy
+              readOnly: true
+            {{- end }}
       volumes:
         - name: tmp
           emptyDir:
@@ -120,6 +132,11 @@ spec:
           secret:
             secretName: {{ include "kvfleet.fullname" $root }}-wake-token
             defaultMode: 0444
+        {{- end }}
+        {{- if .policy }}
+        - name: policy
+          configMap:
+            name: {{ include "kvfleet.fullname" $root }}-policy
         {{- end }}
       {{- with $values.nodeSelector }}
       nodeSelector:
