@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kvfleet.autoscaler.kube_api import KubeApi, KubeConflict, KubeError, KubeNotFound
+from kvfleet.autoscaler.settings import FIELD_MANAGER
+from kvfleet.kube.client import KubeClient, KubeConflict, KubeError, KubeNotFound
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def lease_verdict(lease: dict[str, Any] | None, identity: str, now_s: float) -> 
 class LeaseElector:
     """Holds (or waits for) the Lease; ``is_leader`` is what the controller checks before acting."""
 
-    def __init__(self, api: KubeApi, settings: LeaseSettings, clock: Callable[[], float]) -> None:
+    def __init__(self, api: KubeClient, settings: LeaseSettings, clock: Callable[[], float]) -> None:
         self.api = api
         self.settings = settings
         self.clock = clock
@@ -124,7 +125,11 @@ class LeaseElector:
                     "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
                     "spec": self._spec(now_s, 0, acquire=True),
                 }
-                await self.api.create(f"/apis/coordination.k8s.io/v1/namespaces/{self.settings.namespace}/leases", body)
+                await self.api.create(
+                    f"/apis/coordination.k8s.io/v1/namespaces/{self.settings.namespace}/leases",
+                    body,
+                    field_manager=FIELD_MANAGER,
+                )
                 self._renewed_at_s = now_s
             elif verdict in ("renew", "acquire"):
                 assert lease is not None
@@ -134,7 +139,7 @@ class LeaseElector:
                 version = (lease.get("metadata") or {}).get("resourceVersion")
                 if version:
                     patch["metadata"] = {"resourceVersion": version}  # optimistic concurrency
-                await self.api.merge_patch(self.path, patch)
+                await self.api.merge_patch(self.path, patch, field_manager=FIELD_MANAGER)
                 self._renewed_at_s = now_s
             else:
                 self._renewed_at_s = None
@@ -163,7 +168,9 @@ class LeaseElector:
             lease = await self.api.get(self.path)
             if (lease.get("spec") or {}).get("holderIdentity") != self.settings.identity:
                 return  # taken over meanwhile: not ours to release
-            await self.api.merge_patch(self.path, {"spec": {"holderIdentity": None, "leaseDurationSeconds": 1}})
+            await self.api.merge_patch(
+                self.path, {"spec": {"holderIdentity": None, "leaseDurationSeconds": 1}}, field_manager=FIELD_MANAGER
+            )
         except KubeError as e:
             log.warning("lease %s: release failed (%s); it expires by itself", self.settings.name, e)
 
