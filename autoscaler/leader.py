@@ -4,7 +4,9 @@ The rules are client-go's: a holder renews every ``retry_period_s``; anyone may 
 once ``renewTime + leaseDurationSeconds`` has passed; the holder stops acting when it has not
 renewed for ``renew_deadline_s`` (shorter than the lease duration, so it has stopped before anyone
 else may start). Writes carry the resourceVersion they were based on, so on a real API server two
-candidates racing for an expired Lease cannot both win (the loser gets 409 Conflict).
+candidates racing for an expired Lease cannot both win (the loser gets 409 Conflict). A leader
+renews from the Lease its last write returned, without reading it first (client-go does the same):
+one request per renewal instead of two; a 409 means someone else wrote, and the next round reads.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class LeaseElector:
         self.settings = settings
         self.clock = clock
         self._renewed_at_s: float | None = None
+        self._written: dict[str, Any] | None = None  # the Lease as our last write returned it
         self.leader_changed = asyncio.Event()
 
     @property
@@ -106,9 +109,12 @@ class LeaseElector:
         return spec
 
     async def step(self) -> bool:
-        """One round: read, then create, renew, acquire or follow. Returns ``is_leader``."""
+        """One round: read, then create, renew, acquire or follow (a leader renews without reading).
+        Returns ``is_leader``."""
         was_leader = self.is_leader
         now_s = self.clock()
+        if was_leader and self._written is not None:
+            return await self._renew_from_written(now_s, was_leader)
         try:
             lease: dict[str, Any] | None = await self.api.get(self.path)
         except KubeNotFound:
@@ -125,7 +131,7 @@ class LeaseElector:
                     "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
                     "spec": self._spec(now_s, 0, acquire=True),
                 }
-                await self.api.create(
+                self._written = await self.api.create(
                     f"/apis/coordination.k8s.io/v1/namespaces/{self.settings.namespace}/leases",
                     body,
                     field_manager=FIELD_MANAGER,
@@ -139,14 +145,36 @@ class LeaseElector:
                 version = (lease.get("metadata") or {}).get("resourceVersion")
                 if version:
                     patch["metadata"] = {"resourceVersion": version}  # optimistic concurrency
-                await self.api.merge_patch(self.path, patch, field_manager=FIELD_MANAGER)
+                self._written = await self.api.merge_patch(self.path, patch, field_manager=FIELD_MANAGER)
                 self._renewed_at_s = now_s
             else:
-                self._renewed_at_s = None
+                self._renewed_at_s = self._written = None
         except KubeConflict:
-            self._renewed_at_s = None  # someone else wrote first; they lead
+            self._renewed_at_s = self._written = None  # someone else wrote first; they lead
         except KubeError as e:
             log.warning("lease %s: cannot %s (%s); %s", self.settings.name, verdict, e, self._keep_or_drop())
+        return self._report(was_leader)
+
+    async def _renew_from_written(self, now_s: float, was_leader: bool) -> bool:
+        assert self._written is not None
+        spec = self._written.get("spec") or {}
+        if spec.get("holderIdentity") != self.settings.identity:
+            self._written = None
+            return await self.step()
+        patch: dict[str, Any] = {"spec": self._spec(now_s, int(spec.get("leaseTransitions") or 0), acquire=False)}
+        version = (self._written.get("metadata") or {}).get("resourceVersion")
+        if version:
+            patch["metadata"] = {"resourceVersion": version}
+        try:
+            self._written = await self.api.merge_patch(self.path, patch, field_manager=FIELD_MANAGER)
+            self._renewed_at_s = now_s
+        except KubeConflict:
+            # Written since by someone else (or by us from another process): read it next round.
+            self._renewed_at_s = self._written = None
+        except KubeNotFound:
+            self._written = None  # deleted: the next round (re)creates it while we still lead
+        except KubeError as e:
+            log.warning("lease %s: cannot renew (%s); %s", self.settings.name, e, self._keep_or_drop())
         return self._report(was_leader)
 
     def _keep_or_drop(self) -> str:
@@ -163,7 +191,7 @@ class LeaseElector:
         """Give the Lease up on shutdown so a standby takes over at once, not a lease duration later."""
         if self._renewed_at_s is None:
             return
-        self._renewed_at_s = None
+        self._renewed_at_s = self._written = None
         try:
             lease = await self.api.get(self.path)
             if (lease.get("spec") or {}).get("holderIdentity") != self.settings.identity:

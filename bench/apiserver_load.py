@@ -218,15 +218,15 @@ def render(results: dict[str, list[dict[str, Any]]]) -> str:
         "Deployments are scaled to zero. Command: `.venv/bin/python bench/apiserver_load.py --deployments 1 200",
         "--window-s 60 --label <label>`; machine: 2 cores, shared.",
         "",
-        "| label | deployments | operator | router | autoscaler | total | converged after |",
-        "|---|---|---|---|---|---|---|",
+        "| label | deployments | operator | router | autoscaler | total | window | converged after |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, runs in results.items():
         for r in runs:
             pm = r["per_minute"]
             lines.append(
                 f"| {label} | {r['deployments']} | {pm['operator']} | {pm['router']} | {pm['autoscaler']} | "
-                f"{round(sum(pm.values()), 1)} | {r['converged_after_s']} s |"
+                f"{round(sum(pm.values()), 1)} | {r['window_s']:.0f} s | {r['converged_after_s']} s |"
             )
     lines += ["", "Requests per minute by verb:", ""]
     for label, runs in results.items():

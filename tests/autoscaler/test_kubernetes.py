@@ -119,6 +119,21 @@ async def test_lease_election_never_two_leaders(kube: Kube) -> None:
         assert kube.lease()["spec"]["leaseTransitions"] == 2
 
 
+async def test_a_leader_renews_with_one_patch_and_no_read(kube: Kube) -> None:
+    """Renewing from the Lease the last write returned halves the autoscaler's steady-state requests."""
+    clock = Clock(1_800_000_000.0)
+    async with kube.api() as api:
+        elector = LeaseElector(api, LeaseSettings(namespace="default", identity="a"), clock)
+        assert await elector.step() is True  # GET (404), then POST
+        before = len(list(kube.emulator))
+        for _ in range(3):
+            clock.at += 2
+            assert await elector.step() is True
+        renewals = list(kube.emulator)[before:]
+        assert [r.method for r in renewals] == ["PATCH"] * 3
+        assert kube.lease()["spec"]["renewTime"].startswith("2027-01-15T08:00:06")
+
+
 async def test_leader_that_cannot_renew_stops_by_the_renew_deadline(kube: Kube) -> None:
     clock = Clock(1_800_000_000.0)
     async with kube.api() as api:
