@@ -108,24 +108,26 @@ def merge_endpoints(slices: Mapping[ObjectKey, list[Endpoint]]) -> tuple[Endpoin
     return tuple(sorted(bucket.values(), key=lambda e: e.replica_id))
 
 
-def assemble(
-    served: Mapping[ObjectKey, ServedDeployment], endpoints: Mapping[ObjectKey, tuple[Endpoint, ...]]
-) -> dict[str, DeploymentView]:
+def view_of(key: ObjectKey, served: ServedDeployment, endpoints: tuple[Endpoint, ...]) -> DeploymentView:
+    return DeploymentView(served.served_name, key[0], key[1], served.routing, endpoints)
+
+
+def assemble(views: Mapping[ObjectKey, DeploymentView]) -> dict[str, DeploymentView]:
     """Served name -> view; two deployments serving one name: the first by namespace/name wins (pure)."""
     snapshot: dict[str, DeploymentView] = {}
-    for key in sorted(served):
-        one = served[key]
-        other = snapshot.get(one.served_name)
+    for key in sorted(views):
+        view = views[key]
+        other = snapshot.get(view.served_name)
         if other is not None:
             log.warning(
                 "InferenceDeployment %s/%s serves %r, already served by %s/%s; the first (by namespace/name) wins",
                 *key,
-                one.served_name,
+                view.served_name,
                 other.namespace,
                 other.name,
             )
             continue
-        snapshot[one.served_name] = DeploymentView(one.served_name, *key, one.routing, endpoints.get(key, ()))
+        snapshot[view.served_name] = view
     return snapshot
 
 
@@ -140,7 +142,7 @@ def build_snapshot(
         owner = slice_owner(key, slice_obj)
         if owner is not None:
             by_owner.setdefault(owner, {})[key] = slice_endpoints(slice_obj)
-    return assemble(served, {owner: merge_endpoints(found) for owner, found in by_owner.items()})
+    return assemble({key: view_of(key, one, merge_endpoints(by_owner.get(key, {}))) for key, one in served.items()})
 
 
 class KubernetesReplicaSource:
@@ -178,6 +180,7 @@ class KubernetesReplicaSource:
         self._slice_owner: dict[ObjectKey, ObjectKey] = {}
         self._by_owner: dict[ObjectKey, dict[ObjectKey, list[Endpoint]]] = {}
         self._endpoints: dict[ObjectKey, tuple[Endpoint, ...]] = {}
+        self._views: dict[ObjectKey, DeploymentView] = {}  # rebuilt per key when its parts change
         self.validations = 0
         """InferenceDeployment specs validated so far (one per change seen; tests and logs read it)."""
         self._sink: FleetSink | None = None
@@ -191,6 +194,7 @@ class KubernetesReplicaSource:
             one = served_deployment(key, obj)
             if one is not None:
                 self._served[key] = one
+        self._refresh(key)
         self._schedule_publish()
 
     def _slice_changed(self, key: ObjectKey, obj: Mapping[str, Any] | None) -> None:
@@ -211,7 +215,15 @@ class KubernetesReplicaSource:
             else:
                 self._by_owner.pop(owner, None)
                 self._endpoints.pop(owner, None)
+            self._refresh(owner)
         self._schedule_publish()
+
+    def _refresh(self, key: ObjectKey) -> None:
+        served = self._served.get(key)
+        if served is None:
+            self._views.pop(key, None)
+        else:
+            self._views[key] = view_of(key, served, self._endpoints.get(key, ()))
 
     def _schedule_publish(self) -> None:
         """Coalesce a burst of events (a relist, a rollout) into one snapshot for the fleet."""
@@ -227,7 +239,7 @@ class KubernetesReplicaSource:
             self._sink.apply(snapshot)
 
     def snapshot(self) -> dict[str, DeploymentView]:
-        return assemble(self._served, self._endpoints)
+        return assemble(self._views)
 
     async def start(self, sink: FleetSink) -> None:
         for watch in (self.deployments, self.slices):
