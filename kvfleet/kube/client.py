@@ -15,6 +15,7 @@ ask for bookmarks (``allowWatchBookmarks``), retries without back-off, and repor
 from __future__ import annotations
 
 import json
+import logging
 import os
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -29,6 +30,10 @@ from lightkube.config.models import Cluster, User
 from lightkube.core.exceptions import ConfigError
 
 from kvfleet.kube.backoff import parse_retry_after
+
+# httpx2 logs every request at INFO: a Lease renewal every 2 s would bury the log. Failures still
+# surface, as this module's KubeError, where the caller logs them with what they mean.
+logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
