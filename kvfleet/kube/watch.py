@@ -5,6 +5,7 @@
   seen: no relist. ``allowWatchBookmarks`` makes the server send BOOKMARK events that advance that
   version through quiet stretches, so a resume after an hour without changes is not 410 Gone.
 - 410 Gone (an HTTP 410, or an ERROR event with code 410) lists again.
+- A watch that ends within a second with nothing in it is backed off from, never spun on.
 - A refused connection or a 429 waits a jittered exponential back-off (at least the server's
   Retry-After), then resumes from the last version; a stream that broke mid-way, a 5xx or an ERROR
   event lists again after the back-off (changes may have been missed), as client-go does.
@@ -29,6 +30,8 @@ from kvfleet.kube.client import KubeClient, KubeError, KubeGone, KubeUnreachable
 log = logging.getLogger(__name__)
 
 ObjectKey = tuple[str, str]  # (namespace, name)
+SHORT_WATCH_S = 1.0
+"""A watch that ends cleanly sooner than this with no event is backed off from, not resumed at once."""
 OnChange = Callable[[ObjectKey, "Mapping[str, Any] | None"], None]
 
 
@@ -168,9 +171,17 @@ class ResourceWatch:
             try:
                 if not self.synced:
                     await self.list()
+                started = asyncio.get_running_loop().time()
+                events = self.stats.events + self.stats.bookmarks
                 await self.watch_once()
-                failures = 0
-                continue
+                quick = asyncio.get_running_loop().time() - started < SHORT_WATCH_S
+                if not (quick and events == self.stats.events + self.stats.bookmarks):
+                    failures = 0
+                    continue
+                # Ended at once with nothing in it (a proxy closing streams, an overloaded server):
+                # resuming at once would spin; back off, as client-go does for a "very short watch".
+                wait_s = self.settings.backoff.wait_s(failures, None, self.rand)
+                failures += 1
             except KubeGone as e:
                 self.stats.gone += 1
                 self.synced = False

@@ -161,6 +161,16 @@ async def test_429_retry_after_is_honoured_on_list_and_watch(api: WatchApi) -> N
         assert len(api.seen("list")) == 2  # a 429 resumes: no LIST
 
 
+async def test_watches_that_end_at_once_are_backed_off_not_spun_on(api: WatchApi) -> None:
+    api.end_at_once = True
+    changes = Changes()
+    async with watching(api, changes, backoff=Backoff(0.1, 0.2)) as watch:
+        await asyncio.sleep(1.0)
+        # Resumed at once, an empty 200 every ~ms would be hundreds of requests in this second.
+        assert 3 <= len(api.seen("watch")) <= 12
+        assert len(api.seen("list")) == 1 and watch.stats.clean_ends >= len(api.seen("watch")) - 1
+
+
 async def test_client_maps_statuses_and_retry_after(api: WatchApi) -> None:
     async with KubeClient.for_server(api.url) as client:
         api.fail_next(429, retry_after_s=7)

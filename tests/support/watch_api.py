@@ -45,6 +45,7 @@ class WatchApi:
     requests: list[Seen] = field(default_factory=list)
     failures: list[tuple[int, float | None]] = field(default_factory=list)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    end_at_once: bool = False  # every watch ends as soon as it starts, empty (a misbehaving proxy)
     _generation: int = 0  # bumped by end_watches(): streams opened before it end
     _bookmarks: int = 0
     _closing: bool = False
@@ -167,6 +168,8 @@ class WatchApi:
         async def send(event: dict[str, Any]) -> None:
             await response.write(json.dumps(event).encode() + b"\n")
 
+        if self.end_at_once:
+            return
         since = int(query.get("resourceVersion") or 0)
         if query.get("resourceVersion") and since < self.compacted:
             gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
