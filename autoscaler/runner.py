@@ -22,6 +22,7 @@ from kvfleet.autoscaler.settings import AutoscalerSettings
 from kvfleet.autoscaler.sources import MetricSource, Target
 from kvfleet.autoscaler.wake import WakeInbox, WakeToken
 from kvfleet.kube.client import KubeClient
+from kvfleet.kube.watch import WatchCollector
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ async def run_autoscaler(
             )
         )
         watched = KubernetesDeployments(api, settings.namespace)
+        metrics.registry.register(WatchCollector("kvfleet_autoscaler_kube_watch", [watched.watch]))
         background.append(watched.run())
         deployments = watched
         actuator = KubernetesActuator(api)

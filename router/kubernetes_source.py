@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.client import KubeClient
-from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchSettings
+from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchCollector, WatchSettings
 from kvfleet.router.replicas import DeploymentView, Endpoint, FleetSink, Snapshot
 from kvfleet.spec import GROUP, PLURAL, VERSION, InferenceDeploymentSpec, RoutingSpec
 
@@ -186,6 +187,10 @@ class KubernetesReplicaSource:
         self._sink: FleetSink | None = None
         self._publish_pending = False
         self._tasks: list[asyncio.Task[None]] = []
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """``kvfleet_router_kube_watch_total{resource, event}`` (the router server calls this)."""
+        registry.register(WatchCollector("kvfleet_router_kube_watch", [self.deployments, self.slices]))
 
     def _deployment_changed(self, key: ObjectKey, obj: Mapping[str, Any] | None) -> None:
         self._served.pop(key, None)

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.client import KubeClient, KubeError, KubeGone, KubeUnreachable
@@ -243,3 +245,23 @@ class ResourceWatch:
             self._notify(key, obj)
         if version:
             self.version = version
+
+
+class WatchCollector:
+    """Each watch's ``WatchStats`` as one Prometheus counter family, read when scraped (nothing on the
+    watch's own path): ``<name>_total{resource, event}``, event one of lists, watches, clean_ends,
+    bookmarks, gone, failures, events. Relists (``gone``) and ``failures`` are what to alert on."""
+
+    def __init__(self, name: str, watches: Sequence[ResourceWatch]) -> None:
+        self.name = name
+        self.watches = list(watches)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            self.name, "Kubernetes LIST/WATCH requests and watch outcomes", labels=["resource", "event"]
+        )
+        for watch in self.watches:
+            resource = watch.path.rsplit("/", 1)[-1]
+            for stat in fields(WatchStats):
+                family.add_metric([resource, stat.name], float(getattr(watch.stats, stat.name)))
+        yield family

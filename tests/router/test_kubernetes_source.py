@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import kmock
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from support.watch_api import WatchApi
 
 from kvfleet.kube.client import KubeClient
@@ -283,6 +284,11 @@ async def test_only_the_changed_deployment_is_validated_again(free_port: int) ->
         await until(lambda: len(recorder.last["a"].endpoints) == 1)
         assert source.validations == 4
         assert [r.query.get("allowWatchBookmarks") for r in api.seen("watch")] == ["true", "true"]
+        registry = CollectorRegistry()
+        source.register_metrics(registry)
+        text = generate_latest(registry).decode()
+        assert 'kvfleet_router_kube_watch_total{event="lists",resource="inferencedeployments"} 1.0' in text
+        assert 'kvfleet_router_kube_watch_total{event="events",resource="endpointslices"} 1.0' in text
     finally:
         await source.stop()
         await api.stop()
