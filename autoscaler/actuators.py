@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from kvfleet.autoscaler.kube_api import KubeApi, KubeError, KubeNotFound
+from kvfleet.autoscaler.settings import FIELD_MANAGER
 from kvfleet.autoscaler.sources import Target
+from kvfleet.kube.client import KubeClient, KubeError, KubeNotFound
 from kvfleet.spec import API_VERSION, PLURAL
 
 log = logging.getLogger(__name__)
@@ -58,13 +59,13 @@ def status_patch(command: ScaleCommand) -> dict[str, object]:
 class KubernetesActuator:
     """Merge-patches ``status`` of the InferenceDeployment through the status subresource."""
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: KubeClient) -> None:
         self.api = api
 
     async def apply(self, target: Target, command: ScaleCommand) -> None:
         path = f"/apis/{API_VERSION}/namespaces/{target.namespace}/{PLURAL}/{target.name}/status"
         try:
-            await self.api.merge_patch(path, status_patch(command))
+            await self.api.merge_patch(path, status_patch(command), field_manager=FIELD_MANAGER)
         except KubeNotFound as e:
             raise TargetGone(f"{target.key} no longer exists") from e
         except KubeError as e:

@@ -18,12 +18,12 @@ from typing import Protocol
 
 from kvfleet.autoscaler.actuators import Actuator, ActuatorError, ScaleCommand, TargetGone
 from kvfleet.autoscaler.deployments import DeploymentSource, Scaled
-from kvfleet.autoscaler.kube_api import KubeError
 from kvfleet.autoscaler.metrics import AutoscalerMetrics
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.policy import DEFAULT_POLICY, Decision, PolicySettings, PolicyState, decide, initial_state
 from kvfleet.autoscaler.sources import MetricSource
 from kvfleet.autoscaler.wake import WakeInbox
+from kvfleet.kube.client import KubeError
 
 log = logging.getLogger(__name__)
 

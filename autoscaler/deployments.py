@@ -1,4 +1,4 @@
-"""Which deployments to scale: InferenceDeployments with autoscaling on, from the API or from files.
+"""Which deployments to scale: InferenceDeployments with autoscaling on, watched in the API or from files.
 
 Each comes with its spec and what the autoscaler needs of its status (ready replicas, the last
 desired count, the measured cold start). An object that does not validate is skipped with a
@@ -8,12 +8,14 @@ log line naming it: one bad object must not stop the others from scaling.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvfleet.autoscaler.kube_api import KubeApi
 from kvfleet.autoscaler.sources import Target
+from kvfleet.kube.client import KubeClient, KubeUnavailable
+from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchSettings
 from kvfleet.manifests import load_deployments
 from kvfleet.resource import InferenceDeployment
 from kvfleet.spec import API_VERSION, KIND, PLURAL, AutoscalingSpec
@@ -60,29 +62,40 @@ class DeploymentSource(Protocol):
 
 
 class KubernetesDeployments:
-    """Lists InferenceDeployments in one namespace or all of them."""
+    """The autoscaled InferenceDeployments in one namespace or all, kept current by a watch: one LIST
+    at start, then only changes (each changed object validated once). ``list`` reads memory, so a
+    tick costs the API server nothing."""
 
-    def __init__(self, api: KubeApi, namespace: str | None = None, max_items: int = 2000) -> None:
-        self.api = api
-        self.namespace = namespace
-        self.max_items = max_items
+    def __init__(self, api: KubeClient, namespace: str | None = None, settings: WatchSettings | None = None) -> None:
+        scope = f"/namespaces/{namespace}" if namespace else ""
+        self.watch = ResourceWatch(api, f"/apis/{API_VERSION}{scope}/{PLURAL}", self._changed, settings=settings)
+        self._scaled: dict[ObjectKey, Scaled] = {}
+        self.validations = 0
+        """Objects validated so far: one per change seen (tests and logs read it)."""
+
+    def _changed(self, key: ObjectKey, obj: Mapping[str, Any] | None) -> None:
+        self._scaled.pop(key, None)
+        if obj is None:
+            return
+        self.validations += 1
+        deployment, problems = validate_object({**obj, "apiVersion": API_VERSION, "kind": KIND})
+        if deployment is None:
+            log.warning("skipping %s/%s: %s", *key, "; ".join(str(p) for p in problems[:3]))
+            return
+        scaled = scaled_from(deployment)
+        if scaled is not None:
+            self._scaled[key] = scaled
+
+    async def run(self) -> None:
+        """Keep watching until cancelled (the first LIST, and any relist, retried with back-off)."""
+        await self.watch.run()
 
     async def list(self) -> list[Scaled]:
-        scope = f"/namespaces/{self.namespace}" if self.namespace else ""
-        body = await self.api.get(f"/apis/{API_VERSION}{scope}/{PLURAL}?limit={self.max_items}")
-        items: list[dict[str, Any]] = body.get("items") or []
-        out = []
-        for item in items[: self.max_items]:
-            meta = item.get("metadata") or {}
-            where = f"{meta.get('namespace', '?')}/{meta.get('name', '?')}"
-            deployment, problems = validate_object({**item, "apiVersion": API_VERSION, "kind": KIND})
-            if deployment is None:
-                log.warning("skipping %s: %s", where, "; ".join(str(p) for p in problems[:3]))
-                continue
-            scaled = scaled_from(deployment)
-            if scaled is not None:
-                out.append(scaled)
-        return out
+        # Before the first LIST there is nothing to decide on; afterwards the last state known is
+        # used while a watch is re-established, as a client-go informer's cache is.
+        if not self.watch.listed:
+            raise KubeUnavailable(f"{self.watch.path}: not listed yet")
+        return [self._scaled[key] for key in sorted(self._scaled)]
 
 
 class StaticDeployments:

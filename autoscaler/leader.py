@@ -4,7 +4,9 @@ The rules are client-go's: a holder renews every ``retry_period_s``; anyone may 
 once ``renewTime + leaseDurationSeconds`` has passed; the holder stops acting when it has not
 renewed for ``renew_deadline_s`` (shorter than the lease duration, so it has stopped before anyone
 else may start). Writes carry the resourceVersion they were based on, so on a real API server two
-candidates racing for an expired Lease cannot both win (the loser gets 409 Conflict).
+candidates racing for an expired Lease cannot both win (the loser gets 409 Conflict). A leader
+renews from the Lease its last write returned, without reading it first (client-go does the same):
+one request per renewal instead of two; a 409 means someone else wrote, and the next round reads.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kvfleet.autoscaler.kube_api import KubeApi, KubeConflict, KubeError, KubeNotFound
+from kvfleet.autoscaler.settings import FIELD_MANAGER
+from kvfleet.kube.client import KubeClient, KubeConflict, KubeError, KubeNotFound
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +79,12 @@ def lease_verdict(lease: dict[str, Any] | None, identity: str, now_s: float) -> 
 class LeaseElector:
     """Holds (or waits for) the Lease; ``is_leader`` is what the controller checks before acting."""
 
-    def __init__(self, api: KubeApi, settings: LeaseSettings, clock: Callable[[], float]) -> None:
+    def __init__(self, api: KubeClient, settings: LeaseSettings, clock: Callable[[], float]) -> None:
         self.api = api
         self.settings = settings
         self.clock = clock
         self._renewed_at_s: float | None = None
+        self._written: dict[str, Any] | None = None  # the Lease as our last write returned it
         self.leader_changed = asyncio.Event()
 
     @property
@@ -105,9 +109,12 @@ class LeaseElector:
         return spec
 
     async def step(self) -> bool:
-        """One round: read, then create, renew, acquire or follow. Returns ``is_leader``."""
+        """One round: read, then create, renew, acquire or follow (a leader renews without reading).
+        Returns ``is_leader``."""
         was_leader = self.is_leader
         now_s = self.clock()
+        if was_leader and self._written is not None:
+            return await self._renew_from_written(now_s, was_leader)
         try:
             lease: dict[str, Any] | None = await self.api.get(self.path)
         except KubeNotFound:
@@ -124,7 +131,11 @@ class LeaseElector:
                     "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
                     "spec": self._spec(now_s, 0, acquire=True),
                 }
-                await self.api.create(f"/apis/coordination.k8s.io/v1/namespaces/{self.settings.namespace}/leases", body)
+                self._written = await self.api.create(
+                    f"/apis/coordination.k8s.io/v1/namespaces/{self.settings.namespace}/leases",
+                    body,
+                    field_manager=FIELD_MANAGER,
+                )
                 self._renewed_at_s = now_s
             elif verdict in ("renew", "acquire"):
                 assert lease is not None
@@ -134,14 +145,36 @@ class LeaseElector:
                 version = (lease.get("metadata") or {}).get("resourceVersion")
                 if version:
                     patch["metadata"] = {"resourceVersion": version}  # optimistic concurrency
-                await self.api.merge_patch(self.path, patch)
+                self._written = await self.api.merge_patch(self.path, patch, field_manager=FIELD_MANAGER)
                 self._renewed_at_s = now_s
             else:
-                self._renewed_at_s = None
+                self._renewed_at_s = self._written = None
         except KubeConflict:
-            self._renewed_at_s = None  # someone else wrote first; they lead
+            self._renewed_at_s = self._written = None  # someone else wrote first; they lead
         except KubeError as e:
             log.warning("lease %s: cannot %s (%s); %s", self.settings.name, verdict, e, self._keep_or_drop())
+        return self._report(was_leader)
+
+    async def _renew_from_written(self, now_s: float, was_leader: bool) -> bool:
+        assert self._written is not None
+        spec = self._written.get("spec") or {}
+        if spec.get("holderIdentity") != self.settings.identity:
+            self._written = None
+            return await self.step()
+        patch: dict[str, Any] = {"spec": self._spec(now_s, int(spec.get("leaseTransitions") or 0), acquire=False)}
+        version = (self._written.get("metadata") or {}).get("resourceVersion")
+        if version:
+            patch["metadata"] = {"resourceVersion": version}
+        try:
+            self._written = await self.api.merge_patch(self.path, patch, field_manager=FIELD_MANAGER)
+            self._renewed_at_s = now_s
+        except KubeConflict:
+            # Written since by someone else (or by us from another process): read it next round.
+            self._renewed_at_s = self._written = None
+        except KubeNotFound:
+            self._written = None  # deleted: the next round (re)creates it while we still lead
+        except KubeError as e:
+            log.warning("lease %s: cannot renew (%s); %s", self.settings.name, e, self._keep_or_drop())
         return self._report(was_leader)
 
     def _keep_or_drop(self) -> str:
@@ -158,12 +191,14 @@ class LeaseElector:
         """Give the Lease up on shutdown so a standby takes over at once, not a lease duration later."""
         if self._renewed_at_s is None:
             return
-        self._renewed_at_s = None
+        self._renewed_at_s = self._written = None
         try:
             lease = await self.api.get(self.path)
             if (lease.get("spec") or {}).get("holderIdentity") != self.settings.identity:
                 return  # taken over meanwhile: not ours to release
-            await self.api.merge_patch(self.path, {"spec": {"holderIdentity": None, "leaseDurationSeconds": 1}})
+            await self.api.merge_patch(
+                self.path, {"spec": {"holderIdentity": None, "leaseDurationSeconds": 1}}, field_manager=FIELD_MANAGER
+            )
         except KubeError as e:
             log.warning("lease %s: release failed (%s); it expires by itself", self.settings.name, e)
 

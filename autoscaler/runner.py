@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from kvfleet.autoscaler.actuators import Actuator, InProcessActuator, KubernetesActuator, ScaleCommand
 from kvfleet.autoscaler.controller import Controller, ControllerSettings
 from kvfleet.autoscaler.deployments import DeploymentSource, KubernetesDeployments, StaticDeployments
-from kvfleet.autoscaler.kube_api import KubeApi, load_connection
 from kvfleet.autoscaler.leader import LeaseElector, LeaseSettings
 from kvfleet.autoscaler.metrics import AutoscalerMetrics
 from kvfleet.autoscaler.prometheus_source import PrometheusSource, PrometheusSourceSettings
@@ -20,6 +21,8 @@ from kvfleet.autoscaler.server import build_app, start_server
 from kvfleet.autoscaler.settings import AutoscalerSettings
 from kvfleet.autoscaler.sources import MetricSource, Target
 from kvfleet.autoscaler.wake import WakeInbox, WakeToken
+from kvfleet.kube.client import KubeClient
+from kvfleet.kube.watch import WatchCollector
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +32,7 @@ async def run_autoscaler(
     stop: asyncio.Event,
     *,
     deployment_files: list[Path] | None = None,
-    api: KubeApi | None = None,
+    api: KubeClient | None = None,
     ready: asyncio.Future[int] | None = None,
 ) -> None:
     """Run until ``stop`` is set. ``ready`` gets the bound HTTP port once serving."""
@@ -39,15 +42,19 @@ async def run_autoscaler(
     source: MetricSource
     deployments: DeploymentSource
     actuator: Actuator
+    background: list[Coroutine[Any, Any, None]] = []  # run until stop, then cancelled
     if settings.mode == "kubernetes":
-        api = api or KubeApi(load_connection(settings.kubeconfig, settings.context))
+        api = api or KubeClient.from_kubeconfig(settings.kubeconfig, settings.context, user_agent="kvfleet-autoscaler")
         assert settings.prometheus_url is not None  # the settings validator requires it
         source = PrometheusSource(
             PrometheusSourceSettings(
                 url=settings.prometheus_url, timeout_s=settings.prometheus_timeout_s, rate_window=settings.rate_window
             )
         )
-        deployments = KubernetesDeployments(api, settings.namespace, settings.max_deployments)
+        watched = KubernetesDeployments(api, settings.namespace)
+        metrics.registry.register(WatchCollector("kvfleet_autoscaler_kube_watch", [watched.watch]))
+        background.append(watched.run())
+        deployments = watched
         actuator = KubernetesActuator(api)
         if settings.leader_election:
             lease = LeaseSettings(
@@ -97,9 +104,11 @@ async def run_autoscaler(
     tasks = [asyncio.create_task(controller.run(stop), name="autoscaler-loop")]
     if elector is not None:
         tasks.append(asyncio.create_task(elector.run(stop), name="autoscaler-lease"))
+    watching = [asyncio.create_task(c, name="autoscaler-watch") for c in background]
     try:
         await asyncio.gather(*tasks)
     finally:
+        tasks += watching
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvfleet.autoscaler.policy import PolicySettings
 
+FIELD_MANAGER = "kvfleet-autoscaler"
+"""The field manager of every write the autoscaler makes (its Lease, status.desiredReplicas)."""
+
 
 class AutoscalerSettings(BaseModel):
     """What ``kvfleet autoscaler run`` needs. Per-deployment knobs live in the spec, not here."""
@@ -17,7 +20,7 @@ class AutoscalerSettings(BaseModel):
 
     mode: Literal["kubernetes", "local"] = Field(
         default="kubernetes",
-        description="kubernetes: list InferenceDeployments, read Prometheus, patch status. "
+        description="kubernetes: watch InferenceDeployments, read Prometheus, patch status. "
         "local: deployments from files, scrape /metrics directly, decide in process.",
     )
     namespace: str | None = Field(default=None, max_length=63, description="Only this namespace; None: all.")

@@ -86,7 +86,7 @@ PROGRAM = textwrap.dedent(
 WATCH_FEATURES = {
     "kubernetes_asyncio": "watch resumes from resourceVersion; allow_watch_bookmarks; retries one 410",
     "lightkube": "watch resumes from resourceVersion; on_error handlers; no bookmark parameter; "
-    "token files re-read per request (rotation)",
+    "token files re-read on a 401 (rotation)",
     "kr8s": "watch by label/field selector and since=resourceVersion; no bookmark parameter",
 }
 

@@ -138,15 +138,19 @@ def serve(
         raise click.UsageError("give either --kubernetes or one or more --replica MODEL=URL")
     source: ReplicaSource
     if kubernetes:
-        from kvfleet.router.kubernetes_source import KubeApi, KubernetesReplicaSource
+        from kvfleet.kube.client import KubeClient, KubeError
+        from kvfleet.router.kubernetes_source import KubernetesReplicaSource
 
-        if kube_server:
-            api = KubeApi(server=kube_server)
-        elif kubeconfig:
-            api = KubeApi.from_kubeconfig(kubeconfig)
-        else:
-            api = KubeApi.in_cluster()
-        source = KubernetesReplicaSource(api, namespace=namespace)
+        try:
+            client = (
+                KubeClient.for_server(kube_server, user_agent="kvfleet-router")
+                if kube_server
+                # In a pod: its service account (unless --kubeconfig); else $KUBECONFIG.
+                else KubeClient.from_kubeconfig(kubeconfig, user_agent="kvfleet-router")
+            )
+        except KubeError as e:
+            raise click.UsageError(str(e)) from e
+        source = KubernetesReplicaSource(client, namespace=namespace)
     else:
         source = parse_replicas(replicas, strategy)
     wake: WakeSignal = NoWakeSignal()

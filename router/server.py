@@ -64,6 +64,10 @@ class RouterServer:
             ),
         )
         self.metrics.track_front_end(lambda: self._http.refusals, lambda: len(self._http.connections))
+        # A source with series of its own (the Kubernetes one's watch counters) registers them.
+        register = getattr(source, "register_metrics", None)
+        if register is not None:
+            register(self.metrics.registry)
         self._started = False
         self.port = settings.port
 

@@ -18,7 +18,7 @@ import kmock
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kvfleet.autoscaler.kube_api import KubeApi, KubeConnection
+from kvfleet.kube.client import KubeClient
 from tests.conftest import pick_free_port
 
 MODEL = "tiny-chat"
@@ -172,8 +172,8 @@ class Kube:
     emulator: kmock.KubernetesEmulator
     url: str
 
-    def api(self) -> KubeApi:
-        return KubeApi(KubeConnection(server=self.url), timeout_s=5.0)
+    def api(self) -> KubeClient:
+        return KubeClient.for_server(self.url, timeout_s=5.0)
 
     def add_deployment(self, name: str, spec: dict[str, Any], status: dict[str, Any] | None = None) -> None:
         body: dict[str, Any] = {

@@ -91,6 +91,8 @@ async def test_kubernetes_mode_scales_wakes_and_leads(
         assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat"} 2.0' in text
         assert 'kvfleet_autoscaler_decisions_total{model="idle-model",reason="wake"} 1.0' in text
         assert "kvfleet_autoscaler_is_leader 1.0" in text
+        # Watched, not listed per tick: one LIST for the whole run.
+        assert 'kvfleet_autoscaler_kube_watch_total{event="lists",resource="inferencedeployments"} 1.0' in text
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)

@@ -34,13 +34,13 @@ LEASE_NAME = AutoscalerSettings.model_fields["lease_name"].default
 EXPECTED: dict[str, list[dict[str, Any]]] = {
     "operator": [rule.to_k8s() for rule in RULES if (rule.api_group, *rule.resources) not in OPERATOR_LEFT_OUT],
     "router": [
-        # router/kubernetes_source.py: _list (GET collection) and _watch_once (watch=1) on both kinds.
+        # router/kubernetes_source.py through kvfleet/kube/watch.py: list once, then watch, on both kinds.
         {"apiGroups": ["kvfleet.io"], "resources": ["inferencedeployments"], "verbs": ["list", "watch"]},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
     ],
     "autoscaler": [
-        # autoscaler/deployments.py lists every tick; autoscaler/actuators.py merge-patches /status.
-        {"apiGroups": ["kvfleet.io"], "resources": ["inferencedeployments"], "verbs": ["list"]},
+        # autoscaler/deployments.py lists once, then watches; autoscaler/actuators.py merge-patches /status.
+        {"apiGroups": ["kvfleet.io"], "resources": ["inferencedeployments"], "verbs": ["list", "watch"]},
         {"apiGroups": ["kvfleet.io"], "resources": ["inferencedeployments/status"], "verbs": ["patch"]},
     ],
 }

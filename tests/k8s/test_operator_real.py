@@ -19,10 +19,10 @@ import yaml
 from support.real_cluster import ComponentProcess, Kubectl, condition, wait_for
 
 from kvfleet.autoscaler.actuators import KubernetesActuator, ScaleCommand
-from kvfleet.autoscaler.kube_api import KubeApi, load_connection
 from kvfleet.autoscaler.sources import Target
 from kvfleet.devcluster.controlplane import ControlPlane
 from kvfleet.devcluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from kvfleet.kube.client import KubeClient
 from kvfleet.operator.rbac import render_peering
 from kvfleet.operator.settings import FIELD_MANAGER
 
@@ -72,7 +72,7 @@ def scale_decision(kubeconfig: Path, namespace: str, name: str, replicas: int) -
     """Write status.desiredReplicas the way the autoscaler does (its own actuator and client)."""
 
     async def write() -> None:
-        async with KubeApi(load_connection(str(kubeconfig))) as api:
+        async with KubeClient.from_kubeconfig(str(kubeconfig)) as api:
             command = ScaleCommand(replicas, f"TestDecision: {replicas}", datetime.now(UTC))
             await KubernetesActuator(api).apply(Target(namespace=namespace, name=name, served_name=name), command)
 

@@ -9,8 +9,11 @@ from typing import Any
 import aiohttp
 import kmock
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from support.watch_api import WatchApi
 
-from kvfleet.router.kubernetes_source import KubeApi, KubernetesReplicaSource, build_snapshot, slice_endpoints
+from kvfleet.kube.client import KubeClient
+from kvfleet.router.kubernetes_source import KubernetesReplicaSource, build_snapshot, slice_endpoints
 from kvfleet.router.replicas import Snapshot
 
 from .conftest import Backend, running_router, until
@@ -97,7 +100,7 @@ async def test_watches_deployments_and_ready_endpoints(k8s_url: str) -> None:
         del other["metadata"]["labels"]
         await kube(session, "POST", k8s_url + SLICES.format(ns="team"), other)
 
-        source = KubernetesReplicaSource(KubeApi(server=k8s_url), namespace="team", backoff_base_s=0.05)
+        source = KubernetesReplicaSource(KubeClient.for_server(k8s_url), namespace="team", backoff_base_s=0.05)
         recorder = Recorder()
         await source.start(recorder)
         try:
@@ -127,7 +130,7 @@ async def test_watches_deployments_and_ready_endpoints(k8s_url: str) -> None:
 
 
 async def test_served_from_zero_replicas_then_a_new_deployment_appears(k8s_url: str) -> None:
-    source = KubernetesReplicaSource(KubeApi(server=k8s_url), backoff_base_s=0.05)
+    source = KubernetesReplicaSource(KubeClient.for_server(k8s_url), backoff_base_s=0.05)
     recorder = Recorder()
     await source.start(recorder)
     try:
@@ -142,9 +145,9 @@ async def test_served_from_zero_replicas_then_a_new_deployment_appears(k8s_url: 
 
 async def test_unreachable_api_server_fails_start_with_a_reason(free_port: int) -> None:
     source = KubernetesReplicaSource(
-        KubeApi(server=f"http://127.0.0.1:{free_port}"), request_timeout_s=2, start_attempts=2, backoff_base_s=0.05
+        KubeClient.for_server(f"http://127.0.0.1:{free_port}", timeout_s=2), start_attempts=2, backoff_base_s=0.05
     )
-    with pytest.raises(Exception, match=r"list /apis/kvfleet\.io"):
+    with pytest.raises(Exception, match=r"GET /apis/kvfleet\.io/.*ConnectError"):
         await source.start(Recorder())
     await source.stop()
 
@@ -169,7 +172,7 @@ async def test_start_retries_only_what_can_heal(free_port: int, status: int, att
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", free_port).start()
     source = KubernetesReplicaSource(
-        KubeApi(server=f"http://127.0.0.1:{free_port}"), start_attempts=3, backoff_base_s=0.05, watch_timeout_s=1
+        KubeClient.for_server(f"http://127.0.0.1:{free_port}"), start_attempts=3, backoff_base_s=0.05, watch_timeout_s=1
     )
     try:
         if attempts == 1:
@@ -229,28 +232,71 @@ def emulator() -> kmock.KubernetesEmulator:
     return k8s
 
 
-async def test_watch_recovers_after_the_api_server_restarts(free_port: int) -> None:
-    """The API server goes away (watches break) and comes back with changed state: the source lists again."""
-    url = f"http://127.0.0.1:{free_port}"
-    source = KubernetesReplicaSource(KubeApi(server=url), namespace="team", backoff_base_s=0.05, backoff_max_s=0.2)
+async def test_watch_recovers_across_an_api_server_restart(free_port: int) -> None:
+    """The API server goes away (watches end or break, connections are refused) while state changes.
+    Back, the source shows what changed meanwhile: replayed by the resumed watch, or, when the
+    history it needed was compacted meanwhile (410 Gone), by a LIST."""
+    api = WatchApi()
+    collection = IDS.format(ns="team")
+    await api.start(free_port)
+    await api.put(collection, deployment("old"))
+    source = KubernetesReplicaSource(
+        KubeClient.for_server(api.url), namespace="team", backoff_base_s=0.05, backoff_max_s=0.2
+    )
     recorder = Recorder()
-    first = emulator()
-    async with first, kmock.Server(first, port=free_port), aiohttp.ClientSession() as session:
-        await kube(session, "POST", url + IDS.format(ns="team"), deployment("old"))
-        await source.start(recorder)
-        assert list(recorder.last) == ["old"]
+    await source.start(recorder)
     try:
-        second = emulator()
-        async with second, kmock.Server(second, port=free_port), aiohttp.ClientSession() as session:
-            await kube(session, "POST", url + IDS.format(ns="team"), deployment("new"))
-            await until(lambda: list(recorder.last) == ["new"])
+        assert list(recorder.last) == ["old"]
+        await api.stop()
+        await api.delete(collection, "team", "old")
+        await api.put(collection, deployment("new"))
+        await api.start(free_port)
+        await until(lambda: list(recorder.last) == ["new"])
+        lists = len(api.seen("list", "inferencedeployments"))
+
+        await api.stop()
+        await api.delete(collection, "team", "new")
+        await api.put(collection, deployment("newer"))
+        api.compact()
+        await api.start(free_port)
+        await until(lambda: list(recorder.last) == ["newer"])
+        assert len(api.seen("list", "inferencedeployments")) > lists  # compacted: only a LIST can tell
     finally:
         await source.stop()
+        await api.stop()
+
+
+async def test_only_the_changed_deployment_is_validated_again(free_port: int) -> None:
+    """An event re-validates the one InferenceDeployment it names; replica changes validate none."""
+    api = WatchApi()
+    await api.start(free_port)
+    for name in ("a", "b", "c"):
+        await api.put(IDS.format(ns="team"), deployment(name, maxQueue=5))
+    source = KubernetesReplicaSource(KubeClient.for_server(api.url), namespace="team", backoff_base_s=0.05)
+    recorder = Recorder()
+    await source.start(recorder)
+    try:
+        assert source.validations == 3 and sorted(recorder.last) == ["a", "b", "c"]
+        await api.put(IDS.format(ns="team"), deployment("b", maxQueue=9))
+        await until(lambda: recorder.last["b"].routing.max_queue == 9)
+        assert source.validations == 4
+        await api.put(SLICES.format(ns="team"), endpoint_slice("a-1", "a", [endpoint("a-0", "10.0.0.1")]))
+        await until(lambda: len(recorder.last["a"].endpoints) == 1)
+        assert source.validations == 4
+        assert [r.query.get("allowWatchBookmarks") for r in api.seen("watch")] == ["true", "true"]
+        registry = CollectorRegistry()
+        source.register_metrics(registry)
+        text = generate_latest(registry).decode()
+        assert 'kvfleet_router_kube_watch_total{event="lists",resource="inferencedeployments"} 1.0' in text
+        assert 'kvfleet_router_kube_watch_total{event="events",resource="endpointslices"} 1.0' in text
+    finally:
+        await source.stop()
+        await api.stop()
 
 
 async def test_router_serves_through_kubernetes_discovery(k8s_url: str, backends: list[Backend]) -> None:
     """InferenceDeployment + EndpointSlices in the emulator, real replicas behind them, the router in front."""
-    source = KubernetesReplicaSource(KubeApi(server=k8s_url), namespace="team", backoff_base_s=0.05)
+    source = KubernetesReplicaSource(KubeClient.for_server(k8s_url), namespace="team", backoff_base_s=0.05)
 
     def slice_for(backend: Backend) -> dict[str, Any]:
         one = endpoint_slice(f"tiny-{backend.replica_id}", "tiny", [endpoint(backend.replica_id, "127.0.0.1")])

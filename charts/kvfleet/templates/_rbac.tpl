@@ -45,7 +45,7 @@ same list serves a ClusterRole (cluster mode) and a Role per watched namespace. 
   verbs: [create]
 {{- end -}}
 
-{{/* The router: lists and watches (router/kubernetes_source.py never gets one object). */}}
+{{/* The router: lists once, then watches (kvfleet/kube/watch.py; it never gets one object). */}}
 {{- define "kvfleet.rules.router" -}}
 - apiGroups: [kvfleet.io]
   # Served names and spec.routing of each deployment.
@@ -57,12 +57,13 @@ same list serves a ClusterRole (cluster mode) and a Role per watched namespace. 
   verbs: [list, watch]
 {{- end -}}
 
-{{/* The autoscaler in the namespaces it scales: it lists deployments each tick (no watch) and
-merge-patches its decision into status (desiredReplicas, scaleReason, lastScaleTime), never spec. */}}
+{{/* The autoscaler in the namespaces it scales: it lists deployments once, then watches them
+(kvfleet/kube/watch.py), and merge-patches its decision into status (desiredReplicas,
+scaleReason, lastScaleTime), never spec. */}}
 {{- define "kvfleet.rules.autoscaler" -}}
 - apiGroups: [kvfleet.io]
   resources: [inferencedeployments]
-  verbs: [list]
+  verbs: [list, watch]
 - apiGroups: [kvfleet.io]
   resources: [inferencedeployments/status]
   verbs: [patch]
