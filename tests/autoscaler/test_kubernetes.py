@@ -189,3 +189,40 @@ async def test_kubeconfig_token_is_sent(tmp_path: Path, user: str) -> None:
         assert [r.authorization for r in api.requests] == ["Bearer abc.def"]
     finally:
         await api.stop()
+
+
+async def test_wakes_for_unknown_names_are_answered_from_the_watched_set() -> None:
+    """A wake names any namespace/name it likes: an unknown one must not cost the API server a LIST
+    (the listing is the watch's cache; only the watch's own first LIST reaches the server)."""
+    from kvfleet.autoscaler.actuators import InProcessActuator
+    from kvfleet.autoscaler.controller import Controller
+    from kvfleet.autoscaler.observation import Observation
+
+    class NoMetrics:
+        observed: list[str] = []
+
+        async def observe(self, target: Target, now_s: float) -> Observation:
+            self.observed.append(target.key)
+            return Observation.failed(now_s, "no metrics here", ready_replicas=target.ready_replicas)
+
+        async def close(self) -> None:
+            pass
+
+    api = WatchApi()
+    await api.start()
+    client = KubeClient.for_server(api.url, timeout_s=5)
+    try:
+        path = "/apis/kvfleet.io/v1alpha1/namespaces/default/inferencedeployments"
+        await api.put(path, {"metadata": {"name": "chat", "namespace": "default"}, "spec": SPEC})
+        watched = KubernetesDeployments(client)
+        await watched.watch.sync()
+        metrics = NoMetrics()
+        controller = Controller(watched, metrics, InProcessActuator())
+        for i in range(50):
+            await controller.tick(wakes={("default", f"ghost-{i}")}, only_woken=True)
+        await controller.tick(wakes={("default", "chat")}, only_woken=True)
+        assert len(api.seen("list")) == 1  # the watch's first LIST, nothing per wake
+        assert metrics.observed == ["default/chat"]  # unknown names woke nothing
+    finally:
+        await client.close()
+        await api.stop()
