@@ -198,6 +198,7 @@ class Proxy:
                 block_chars=block_chars,
                 max_blocks=self._settings.max_prompt_blocks,
             )
+            self._fleet.attach_engine_blocks(model, body, hashes)
             # Labelled with the model only once it is headed for a replica: the autoscaler reads this
             # series as the model's arrivals, and a request the router refuses itself (malformed
             # messages) must not wake a deployment from zero or keep it from scaling there.
