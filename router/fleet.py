@@ -203,7 +203,8 @@ class Fleet:
             elif replica.endpoint != endpoint:
                 if replica.endpoint.url != endpoint.url:
                     model.index.forget(replica_id)  # a new process behind the same id has a cold cache
-                    self._unsubscribe(model, replica_id)
+                if (replica.endpoint.url, replica.endpoint.kv_events_port) != (endpoint.url, endpoint.kv_events_port):
+                    self._unsubscribe(model, replica_id)  # subscribed again below, to the new address
                 replica.endpoint = endpoint
             model.index.set_capacity(replica_id, endpoint.kv_capacity_blocks)
             if model.caches is not None and replica_id not in model.subscriptions:
@@ -211,16 +212,13 @@ class Fleet:
         model.index.retain(wanted)
 
     def _subscribe(self, served_name: str, model: _Model, endpoint: Endpoint) -> None:
-        """Subscribe to the replica's KV-cache events at its host and the configured port."""
+        """Subscribe to the replica's KV-cache events at its host and its (or the configured) port."""
         from kvfleet.router.kv_subscriber import EventSubscription
 
         assert model.caches is not None
         host = urlsplit(endpoint.url).hostname or ""
-        address = (
-            f"tcp://[{host}]:{self._settings.kv_events_port}"
-            if ":" in host
-            else f"tcp://{host}:{self._settings.kv_events_port}"
-        )
+        port = endpoint.kv_events_port or self._settings.kv_events_port
+        address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         state = model.caches.add(endpoint.replica_id)
         subscription = EventSubscription(
             served_name, endpoint.replica_id, address, state, self._settings, self._metrics
