@@ -294,23 +294,38 @@ class Fleet:
         return model.caches if model else None
 
     def attach_engine_blocks(self, served_name: str, body: dict[str, Any], hashes: Sequence[int]) -> None:
-        """Tokenize the prompt into the engines' blocks when some replica's events can be read for it.
+        """Tokenize the prompt into the engines' blocks when some replica's events can be read for it."""
+        job = self.engine_blocks_job(served_name, body, hashes)
+        if job is not None:
+            job()
 
-        Carried on ``hashes`` (``prompt.BlockChain.engine_blocks``), so retries and continuations reuse it.
-        Costs a chat-template render and a tokenization (docs/benchmarks/router.md), so only models with a
-        tokenizer and a usable event view pay it.
+    def engine_blocks_job(
+        self, served_name: str, body: dict[str, Any], hashes: Sequence[int]
+    ) -> Callable[[], None] | None:
+        """The work of tokenizing the prompt into the engines' blocks, or None when nothing would read them
+        (no tokenizer for the model, no usable event view).
+
+        The result is carried on ``hashes`` (``prompt.BlockChain.engine_blocks``), so retries and
+        continuations reuse it. It costs a chat-template render and a tokenization (milliseconds for a
+        long prompt: docs/benchmarks/kv_events.md), so the proxy runs it off the event loop for large
+        bodies; it touches nothing but ``hashes``.
         """
         model = self._models.get(served_name)
         tokenizer = self._tokenizers.get(served_name)
         if model is None or model.caches is None or tokenizer is None or not isinstance(hashes, BlockChain):
-            return
+            return None
         size = model.caches.block_size()
         if size is None:
-            return
+            return None
         from kvfleet.router.prompt_tokens import engine_block_hashes
 
-        hashes.engine_blocks = engine_block_hashes(tokenizer, body, size)
-        hashes.engine_block_size = size
+        chain = hashes
+
+        def job() -> None:
+            chain.engine_blocks = engine_block_hashes(tokenizer, body, size)
+            chain.engine_block_size = size
+
+        return job
 
     # -- acquire / release -----------------------------------------------------------------------
 

@@ -180,6 +180,15 @@ class RouterSettings(BaseModel):
             "learned index even when its replicas publish events."
         ),
     )
+    kv_events_inline_tokenize_bytes: int = Field(
+        default=4096,
+        ge=0,
+        le=256 * 1024 * 1024,
+        description=(
+            "Request bodies up to this size are tokenized on the event loop (tens of microseconds); larger ones "
+            "in a worker thread (a 16k-character prompt takes milliseconds: docs/benchmarks/kv_events.md)."
+        ),
+    )
     kv_events_max_blocks_per_replica: int = Field(
         default=262_144,
         ge=16,

@@ -51,7 +51,11 @@ async def test_router_finds_what_an_engine_cached_through_its_events(
         source.add("tiny", engine.replica_id, engine.url, kv_events_port=port)
     async with (
         running_router(
-            source, kv_events_port=5557, kv_events_tokenizers={"tiny": str(model_dir)}, placement=False
+            source,
+            kv_events_port=5557,
+            kv_events_tokenizers={"tiny": str(model_dir)},
+            kv_events_inline_tokenize_bytes=0,  # every prompt tokenized in a worker thread, as large ones are
+            placement=False,
         ) as router,
         aiohttp.ClientSession() as session,
     ):
