@@ -71,6 +71,8 @@ def prompt_token_ids(tokenizer: ModelTokenizer, body: Mapping[str, Any]) -> list
             return prompt
     except EngineError as e:
         log.debug("no prompt tokens: %s", e)
+    except Exception as e:  # a template we did not write may fail any way: route by the index instead
+        log.debug("no prompt tokens: the tokenizer or chat template failed: %r", e)
     return None
 
 

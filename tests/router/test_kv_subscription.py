@@ -18,6 +18,7 @@ from kvfleet.router.fleet import Fleet
 from kvfleet.router.kv_events import token_block_hashes
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.prompt import block_hashes, render_prompt
+from kvfleet.router.prompt_tokens import prompt_token_ids
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import NoWakeSignal
@@ -209,3 +210,16 @@ async def test_a_lost_publisher_falls_back_to_the_index_and_a_restarted_one_is_u
         assert pick(fleet, {"prompt": other}) == "r1"
     finally:
         await fleet.close()
+
+
+def test_prompts_the_engine_would_not_take_get_no_tokens(tiny_model: Path) -> None:
+    tokenizer = ModelTokenizer.from_dir(tiny_model)
+    assert prompt_token_ids(tokenizer, {"prompt": [5, 6, 7]}) == [5, 6, 7]
+    assert prompt_token_ids(tokenizer, {"prompt": ["hello"]}) == tokenizer.encode("hello")
+    assert prompt_token_ids(tokenizer, {"prompt": ["a", "b"]}) is None, "a batch: the engine refuses it"
+    image = [{"type": "image_url", "image_url": {"url": "x"}}]
+    assert prompt_token_ids(tokenizer, {"messages": [{"role": "user", "content": image}]}) is None
+    assert prompt_token_ids(tokenizer, {"messages": "hi"}) is None
+    # A template that fails in a way jinja does not wrap (str + int): no tokens, no exception.
+    broken = ModelTokenizer(tokenizer.tokenizer, chat_template="{{ messages[0].content + 1 }}")
+    assert prompt_token_ids(broken, {"messages": [{"role": "user", "content": "hi"}]}) is None
