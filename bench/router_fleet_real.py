@@ -204,9 +204,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--kv-blocks", type=int, default=256, help="per engine, of 16 tokens")
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated configurations to run")
+    parser.add_argument("--configs", default=";".join(CONFIGS), help="configurations to run, separated by ;")
     args = parser.parse_args()
-    configs = {name: CONFIGS[name] for name in args.configs.split(",")}
+    configs = {name: CONFIGS[name] for name in args.configs.split(";")}
     CONCURRENCY = args.concurrency
     workloads = {
         "multi-turn chat": lambda seed: chat(seed, args.requests, open_conversations=8),
