@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvfleet.spec import RoutingSpec
 
@@ -251,3 +251,9 @@ class RouterSettings(BaseModel):
     default_routing: RoutingSpec = Field(
         default_factory=RoutingSpec, description="Routing for deployments whose source gives none."
     )
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> RouterSettings:
+        if self.kv_events_tokenizers and self.kv_events_port is None:
+            raise ValueError("kv_events_tokenizers: tokenizers are only used with kv_events_port set")
+        return self

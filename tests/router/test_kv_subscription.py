@@ -223,3 +223,18 @@ def test_prompts_the_engine_would_not_take_get_no_tokens(tiny_model: Path) -> No
     # A template that fails in a way jinja does not wrap (str + int): no tokens, no exception.
     broken = ModelTokenizer(tokenizer.tokenizer, chat_template="{{ messages[0].content + 1 }}")
     assert prompt_token_ids(broken, {"messages": [{"role": "user", "content": "hi"}]}) is None
+
+
+def test_settings_refuse_tokenizers_without_events_and_a_missing_tokenizer_stops_the_start(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from kvfleet.router.prompt_tokens import TokenizerUnavailableError
+
+    with pytest.raises(ValidationError, match="kv_events_tokenizers: tokenizers are only used with kv_events_port"):
+        RouterSettings(kv_events_tokenizers={"m": "/models/m"})
+    with pytest.raises(TokenizerUnavailableError, match=r"no tokenizer\.json"):
+        Fleet(
+            RouterSettings(kv_events_port=5557, kv_events_tokenizers={"m": str(tmp_path)}),
+            NoWakeSignal(),
+            RouterMetrics(),
+        )
