@@ -12,6 +12,7 @@ import click
 import pytest
 
 from kvfleet.engine.tiny_model import make_tiny_model
+from kvfleet.engine.tokenizer import ModelTokenizer
 from kvfleet.router.cli import parse_replicas
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.spec import RoutingSpec
@@ -81,9 +82,12 @@ async def test_router_finds_what_an_engine_cached_through_its_events(
             for document in documents:
                 await complete(router.url, document + f" question {n}?")
         after = [engine.metrics().get("vllm:prefix_cache_hits_total", 0.0) for engine, _ in engines]
-        # Every question went where its document is cached and hit it there (an index alone would have
-        # sent the first question of each where the load said, and the later ones after it).
-        assert [a - b > 3 * 100 for a, b in zip(after, before, strict=True)] == [True, True], (before, after)
+        # Every question went where its document is cached and hit it there: ~3 documents' worth of
+        # hits per engine. An index alone sends each document's first question where the load says (a
+        # miss wherever it lands) and the next two after it: ~2 documents' worth.
+        doc_tokens = len(ModelTokenizer.from_dir(model_dir).encode(documents[0]))
+        hits = [a - b for a, b in zip(after, before, strict=True)]
+        assert all(h > 2.5 * doc_tokens for h in hits), (hits, doc_tokens)
         async with session.get(router.url + "/metrics") as resp:
             text = await resp.text()
         assert 'kvfleet_router_kv_event_subscriptions_usable{model="tiny"} 2.0' in text
