@@ -48,17 +48,19 @@ class ReplicaEvents:
         """Apply one batch; returns what its sequence number meant (``kv_events.SequenceCheck``) and the result.
 
         A publisher's first batch is number 0: a view that starts from it is complete. A view that
-        starts later, or resumes after a reconnection with batches missing, cannot know what the
-        engine did meanwhile (it may be a new process): it starts over from what comes next.
+        starts later cannot know what was stored before. After a reconnection the view starts over
+        whatever the number: the engine may be a new process whose numbering, started again from 0,
+        has reached the number expected from the old one (vLLM's batches carry no process identity),
+        and a PUB socket drops what it sends while a subscriber is away anyway.
         """
         kind = self.seq.check(seq)
-        if kind == "duplicate":
+        if kind == "duplicate" and not self._reconnected:
             return kind, None
         resumed = self._reconnected
         self._reconnected = False
-        if kind in ("first", "restart") or (resumed and kind != "ok"):
+        if kind in ("first", "restart") or resumed:
             self.view.clear(complete=seq == 0)
-            if resumed and kind == "gap":
+            if resumed and kind != "restart":
                 kind = "resync"
         elif kind == "gap":
             self.view.complete = False

@@ -39,12 +39,17 @@ def test_gaps_restarts_and_reconnections() -> None:
     state.on_disconnected()
     assert not state.usable
     state.on_connected()
-    assert state.on_batch(1, stored([7] * 4, 400))[0] == "ok"
-    assert state.view.complete and len(state.view) == 2, "nothing was lost while disconnected"
+    # The number expected from the old process: it may as well be a new process's (both count from 0).
+    assert state.on_batch(1, stored([7] * 4, 400))[0] == "resync"
+    assert not state.view.complete and len(state.view) == 1, "after a reconnection the view starts over"
     state.on_disconnected()
     state.on_connected()
     assert state.on_batch(9, stored([6] * 4, 500))[0] == "resync"
-    assert not state.view.complete and len(state.view) == 1, "batches were lost: start over from here"
+    assert not state.view.complete and len(state.view) == 1
+    state.on_disconnected()
+    state.on_connected()
+    assert state.on_batch(0, stored([5] * 4, 600))[0] == "restart"
+    assert state.view.complete and len(state.view) == 1, "a new process from its first batch: complete"
 
 
 def test_matched_credit_in_text_blocks() -> None:

@@ -5,6 +5,7 @@ to the learned index and a restarted one is picked up again."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +36,16 @@ class Publisher:
         self.seq = 0
         self.sock = zmq.Context.instance().socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(f"tcp://127.0.0.1:{port}")
+        # Binding again right after a close may find ZeroMQ's I/O thread still releasing the port.
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self.sock.bind(f"tcp://127.0.0.1:{port}")
+                break
+            except zmq.ZMQError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def send_raw(self, payload: bytes, seq: int | None = None) -> None:
         seq = self.seq if seq is None else seq
@@ -130,26 +140,28 @@ async def test_picks_follow_what_engines_report(tiny_model: Path, publishers: li
     fleet = await make_fleet(tiny_model, publishers)
     try:
         prompt = list(range(1, 41))  # 10 token blocks of 4
-        await publish_until_usable(fleet, publishers[0], "r0", [500] * 4, 1000)
-        await publish_until_usable(fleet, publishers[1], "r1", prompt, 2000)
-        # This router never sent the prompt anywhere; r1's engine says it holds it.
-        assert [pick(fleet, {"prompt": prompt}) for _ in range(3)] == ["r1"] * 3
-        # r1 drops everything, r0 stores it: the picks move, whatever this router's index remembers.
-        publishers[1].send_raw(msgpack.packb([1.0, [{"type": "AllBlocksCleared"}]]))
-        publishers[0].store(prompt, 3000)
-        await until(lambda: held(fleet, "r0", prompt) == 10 and held(fleet, "r1", prompt) == 0, timeout_s=5)
-        assert pick(fleet, {"prompt": prompt}) == "r0"
+        await publish_until_usable(fleet, publishers[1], "r1", [500] * 4, 1000)
+        await publish_until_usable(fleet, publishers[0], "r0", prompt, 2000)
+        # This router never sent the prompt anywhere; r0's engine says it holds it (without events the
+        # first pick of equal candidates would be r1: MaxScorePicker's rotation).
+        assert [pick(fleet, {"prompt": prompt}) for _ in range(3)] == ["r0"] * 3
+        # r0 drops everything (its view is now complete: the truth), r1 stores it: the picks move, though
+        # this router's index remembers sending the prompt to r0 three times.
+        publishers[0].send_raw(msgpack.packb([1.0, [{"type": "AllBlocksCleared"}]]))
+        publishers[1].store(prompt, 3000)
+        await until(lambda: held(fleet, "r1", prompt) == 10 and held(fleet, "r0", prompt) == 0, timeout_s=5)
+        assert pick(fleet, {"prompt": prompt}) == "r1"
         # Text and chat prompts are tokenized as the engine does (its own tokenizer and chat template).
         tokenizer = ModelTokenizer.from_dir(tiny_model)
         text = "the same long document about routing " * 8
-        publishers[1].store(tokenizer.encode(text)[:40], 4000)
+        publishers[0].store(tokenizer.encode(text)[:40], 4000)
         messages = [{"role": "system", "content": "you answer briefly " * 6}, {"role": "user", "content": "hi"}]
         chat_ids = tokenizer.encode(tokenizer.render_chat(messages), add_special_tokens=False)
-        publishers[0].store(chat_ids[: len(chat_ids) // 4 * 4], 5000)
-        await until(lambda: held(fleet, "r1", tokenizer.encode(text)) == 10, timeout_s=5)
-        await until(lambda: held(fleet, "r0", chat_ids) == len(chat_ids) // 4, timeout_s=5)
-        assert pick(fleet, {"prompt": text}) == "r1"
-        assert pick(fleet, {"messages": messages}) == "r0"
+        publishers[1].store(chat_ids[: len(chat_ids) // 4 * 4], 5000)
+        await until(lambda: held(fleet, "r0", tokenizer.encode(text)) == 10, timeout_s=5)
+        await until(lambda: held(fleet, "r1", chat_ids) == len(chat_ids) // 4, timeout_s=5)
+        assert pick(fleet, {"prompt": text}) == "r0"
+        assert pick(fleet, {"messages": messages}) == "r1"
     finally:
         await fleet.close()
 
@@ -191,23 +203,23 @@ async def test_a_lost_publisher_falls_back_to_the_index_and_a_restarted_one_is_u
     fleet = await make_fleet(tiny_model, publishers)
     try:
         prompt = list(range(1, 41))
-        await publish_until_usable(fleet, publishers[0], "r0", [500] * 4, 1000)
-        await publish_until_usable(fleet, publishers[1], "r1", prompt, 2000)
-        assert pick(fleet, {"prompt": prompt}) == "r1"
-        port = publishers[1].port
-        publishers[1].close()
-        await until(lambda: not usable(fleet, "r1"), timeout_s=5)
+        await publish_until_usable(fleet, publishers[1], "r1", [500] * 4, 1000)
+        await publish_until_usable(fleet, publishers[0], "r0", prompt, 2000)
+        assert pick(fleet, {"prompt": prompt}) == "r0"
+        port = publishers[0].port
+        publishers[0].close()
+        await until(lambda: not usable(fleet, "r0"), timeout_s=5)
         assert counter(fleet, "kv_event_connections", "disconnected") >= 1
-        # r1's view is not used now; this router's own index remembers where it sent the prompt.
-        assert pick(fleet, {"prompt": prompt}) == "r1"
+        # r0's view is not used now; this router's own index remembers where it sent the prompt.
+        assert pick(fleet, {"prompt": prompt}) == "r0"
         other = list(range(100, 140))
-        assert fleet.engine_caches("m").get("r0").view.matched_blocks(token_block_hashes(other, 4)) == 0  # type: ignore[union-attr]
+        assert fleet.engine_caches("m").get("r1").view.matched_blocks(token_block_hashes(other, 4)) == 0  # type: ignore[union-attr]
         # The engine comes back (a new process: its sequence starts at 0 and its cache is empty).
-        publishers[1] = Publisher(port)
-        await publish_until_usable(fleet, publishers[1], "r1", other, 7000)
-        assert held(fleet, "r1", prompt) == 0, "the old process's blocks are gone from the view"
-        assert held(fleet, "r1", other) == 10
-        assert pick(fleet, {"prompt": other}) == "r1"
+        publishers[0] = Publisher(port)
+        await publish_until_usable(fleet, publishers[0], "r0", other, 7000)
+        assert held(fleet, "r0", prompt) == 0, "the old process's blocks are gone from the view"
+        assert held(fleet, "r0", other) == 10
+        assert pick(fleet, {"prompt": other}) == "r0"
     finally:
         await fleet.close()
 
