@@ -9,7 +9,10 @@ processes (empty) and fresh prompts (so the engines start cold on them):
 - ``kvfleet, 3 routers``: the same, three routers;
 - ``kvfleet before, 3 routers``: three routers without placement or load-bound slack (the router
   before it could agree with its peers);
-- ``round-robin, 3 routers``.
+- ``round-robin, 3 routers``;
+- ``kvfleet + KV events, 3 routers``: the same three routers subscribed to every engine's KV-cache
+  events (the engines publish them in every configuration; only these routers read them), prompts
+  tokenized with the model's tokenizer and chat template.
 
 Two workloads: multi-turn chat (a shared system prompt, conversations whose prompts grow turn by
 turn; consecutive turns of a conversation are spread apart in the trace, so they reach different
@@ -56,7 +59,9 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {  # name -> (routers, extra `router
     "kvfleet, 3 routers": (3, ["--strategy", "prefix"]),
     "kvfleet before, 3 routers": (3, ["--strategy", "prefix", "--no-placement", "--load-bound-slack-requests", "0"]),
     "round-robin, 3 routers": (3, ["--strategy", "round-robin"]),
+    "kvfleet + KV events, 3 routers": (3, ["--strategy", "prefix"]),
 }
+EVENTS_CONFIGS = {"kvfleet + KV events, 3 routers"}
 
 
 def words(rng: random.Random, n_chars: int) -> str:
@@ -103,13 +108,18 @@ def tenants(seed: int, requests: int, count: int) -> list[dict[str, Any]]:
     return out
 
 
-def start_routers(n: int, engines: list[Engine], extra: list[str], settings: Path, log_dir: Path) -> list[Any]:
+def start_routers(
+    n: int, engines: list[Engine], extra: list[str], settings: Path, log_dir: Path, events: list[int] | None = None
+) -> list[Any]:
+    """``events``: each engine's KV-events port, for routers that subscribe (``settings`` then enables it)."""
     routers = []
     for i in range(n):
         port = pick_free_port()
         kvfleet = str(Path(sys.executable).parent / "kvfleet")
         cmd = [kvfleet, "router", "serve", "--port", str(port), "--settings", str(settings)]
-        cmd += [arg for e in engines for arg in ("--replica", f"{SERVED}={e.url}")] + extra
+        for j, e in enumerate(engines):
+            cmd += ["--replica", f"{SERVED}={e.url}" + (f",kv-events-port={events[j]}" if events else "")]
+        cmd += extra
         log = (log_dir / f"router-{i}-{port}.log").open("wb")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         routers.append((proc, f"http://127.0.0.1:{port}"))
@@ -194,31 +204,54 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--kv-blocks", type=int, default=256, help="per engine, of 16 tokens")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--configs", default=";".join(CONFIGS), help="configurations to run, separated by ;")
     args = parser.parse_args()
+    configs = {name: CONFIGS[name] for name in args.configs.split(";")}
     CONCURRENCY = args.concurrency
     workloads = {
         "multi-turn chat": lambda seed: chat(seed, args.requests, open_conversations=8),
         "multi-tenant system prompts": lambda seed: tenants(seed, args.requests, count=8),
     }
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {w: {c: [] for c in CONFIGS} for w in workloads}
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {w: {c: [] for c in configs} for w in workloads}
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         model = make_tiny_model(Path(tmp) / "model", layers=4, hidden=256, vocab=2048)
         # The router's index bound from the engine's KV size: tokens x ~1.6 chars per token / 128-char blocks.
         settings = Path(tmp) / "router.yaml"
-        settings.write_text(
-            json.dumps({"prefix_index_blocks_per_replica": max(1, int(args.kv_blocks * 16 * 1.6 / 128))})
+        index_blocks = max(1, int(args.kv_blocks * 16 * 1.6 / 128))
+        settings.write_text(json.dumps({"prefix_index_blocks_per_replica": index_blocks}))
+        events_settings = Path(tmp) / "router-events.yaml"
+        events_settings.write_text(
+            json.dumps(
+                {
+                    "prefix_index_blocks_per_replica": index_blocks,
+                    "kv_events_port": 5557,  # each replica names its own below
+                    "kv_events_tokenizers": {SERVED: str(model)},
+                }
+            )
         )
+        event_ports = [pick_free_port() for _ in range(args.replicas)]
         engines = [
-            start_engine(model, f"e{i}", Path(tmp), SERVED, "--kv-blocks", str(args.kv_blocks), "--block-size", "16")
-            for i in range(args.replicas)
+            start_engine(
+                model,
+                f"e{i}",
+                Path(tmp),
+                SERVED,
+                *("--kv-blocks", str(args.kv_blocks), "--block-size", "16"),
+                *("--kv-events-config", json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"})),
+            )
+            for i, port in enumerate(event_ports)
         ]
         try:
             for r in range(args.rounds):
                 for w, (workload, make) in enumerate(workloads.items()):
-                    for k, (config, (n, extra)) in enumerate(CONFIGS.items()):
+                    for config, (n, extra) in configs.items():
+                        k = list(CONFIGS).index(config)
                         seed = 10_000 * r + 100 * w + k
-                        routers = start_routers(n, engines, extra, settings, Path(tmp))
+                        if config in EVENTS_CONFIGS:
+                            routers = start_routers(n, engines, extra, events_settings, Path(tmp), event_ports)
+                        else:
+                            routers = start_routers(n, engines, extra, settings, Path(tmp))
                         try:
                             res = asyncio.run(drive([u for _, u in routers], engines, make(seed), seed))
                         finally:

@@ -89,6 +89,8 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._commands.put(_Stop())
             self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.core.close()
 
     @property
     def num_in_flight(self) -> int:

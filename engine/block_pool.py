@@ -14,6 +14,9 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from kvfleet.engine.kv_events import block_removed, block_stored
 
 
 def root_hash(model_id: str) -> bytes:
@@ -45,7 +48,10 @@ class BlockPoolExhaustedError(RuntimeError):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, *, enable_prefix_caching: bool = True) -> None:
+    """``record_events``: keep a ``BlockStored`` per block made findable and a ``BlockRemoved`` per cached
+    block evicted, in order, in ``events`` (the engine sends and empties it after each step)."""
+
+    def __init__(self, num_blocks: int, *, enable_prefix_caching: bool = True, record_events: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError("num_blocks: must be >= 1")
         self.num_blocks = num_blocks
@@ -55,6 +61,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[bytes, int] = {}
         self.num_evictions = 0
+        self.events: list[dict[str, Any]] | None = [] if record_events and enable_prefix_caching else None
 
     @property
     def num_free(self) -> int:
@@ -102,6 +109,8 @@ class BlockPool:
                 # Evicting a cached block: it must no longer be found by its hash.
                 if self._cached.get(block.block_hash) == block_id:
                     del self._cached[block.block_hash]
+                    if self.events is not None:
+                        self.events.append(block_removed([block.block_hash]))
                 block.block_hash = None
                 self.num_evictions += 1
             block.ref_count = 1
@@ -122,8 +131,16 @@ class BlockPool:
                 else:
                     self._free[b] = None
 
-    def register(self, block_id: int, block_hash: bytes) -> None:
-        """Make a full, computed block findable by its hash (first writer wins on duplicates)."""
+    def register(
+        self,
+        block_id: int,
+        block_hash: bytes,
+        parent_hash: bytes | None = None,
+        token_ids: Sequence[int] = (),
+    ) -> None:
+        """Make a full, computed block findable by its hash (first writer wins on duplicates).
+
+        ``parent_hash`` (None for a prompt's first block) and ``token_ids`` go into its event."""
         if not self.enable_prefix_caching:
             return
         block = self.blocks[block_id]
@@ -131,3 +148,5 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self._cached[block_hash] = block_id
+        if self.events is not None:
+            self.events.append(block_stored([block_hash], parent_hash, list(token_ids), len(token_ids)))

@@ -116,6 +116,12 @@ def engine() -> None:
     show_default=True,
     help="Static buckets: the step token counts (decode batch sizes) compiled; larger steps run eager.",
 )
+@click.option(
+    "--kv-events-config",
+    default=None,
+    help='vLLM\'s KV-cache events as JSON, e.g. {"enable_kv_cache_events": true, "publisher": "zmq", '
+    '"endpoint": "tcp://*:5557"}: ZeroMQ PUB batches of BlockStored/BlockRemoved the router subscribes to.',
+)
 def serve(
     model_dir: Path,
     host: str,
@@ -138,11 +144,13 @@ def serve(
     compile_choice: str,
     compile_mode: str,
     compile_sizes: str,
+    kv_events_config: str | None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     from kvfleet.extras import require_engine_extra
 
     require_engine_extra("kvfleet engine serve")
+    from kvfleet.engine.kv_events import KVEventsConfig
     from kvfleet.engine.server import serve as run_server
     from kvfleet.engine.settings import EngineSettings, ServerSettings
 
@@ -169,6 +177,7 @@ def serve(
             compile=compile_choice,  # type: ignore[arg-type]
             compile_mode=compile_mode,  # type: ignore[arg-type]
             compile_sizes_tokens=sizes,
+            kv_events=KVEventsConfig.from_json(kv_events_config) if kv_events_config else KVEventsConfig(),
         )
         server_settings = ServerSettings(
             host=host, port=port, served_model_name=served_model_name, drain_timeout_s=drain_timeout_s

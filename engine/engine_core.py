@@ -17,6 +17,7 @@ from kvfleet.engine.block_pool import BlockPool, root_hash
 from kvfleet.engine.compiled_forward import compile_model
 from kvfleet.engine.device import resolve_device, resolve_dtype
 from kvfleet.engine.errors import PromptTooLongError
+from kvfleet.engine.kv_events import ZmqEventPublisher
 from kvfleet.engine.metrics import EngineMetrics
 from kvfleet.engine.model import LlamaModel
 from kvfleet.engine.model_config import load_model_config
@@ -88,7 +89,14 @@ class EngineCore:
         by_memory = settings.kv_cache_memory_bytes // (bytes_per_token * bs)
         by_use = settings.max_num_seqs * -(-self.max_model_len // bs)
         self.num_blocks = settings.num_kv_blocks or max(1, min(by_memory, by_use))
-        self.pool = BlockPool(self.num_blocks, enable_prefix_caching=settings.enable_prefix_caching)
+        self.pool = BlockPool(
+            self.num_blocks,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            record_events=settings.kv_events.enabled,
+        )
+        self.events = ZmqEventPublisher(settings.kv_events) if self.pool.events is not None else None
+        if self.events is not None:
+            log.info("publishing KV-cache events on %s", self.events.endpoint)
         self.scheduler = Scheduler(
             SchedulerConfig(bs, settings.max_num_seqs, settings.max_num_batched_tokens), self.pool, root_hash(model_id)
         )
@@ -189,6 +197,24 @@ class EngineCore:
         return batch, sampled
 
     def step(self) -> list[RequestOutput]:
+        try:
+            return self._step()
+        finally:
+            self._publish_events()
+
+    def _publish_events(self) -> None:
+        events = self.pool.events
+        if events and self.events is not None:
+            self.events.publish(events[:])
+            events.clear()
+
+    def close(self) -> None:
+        """Release what outlives the step loop (the event socket)."""
+        if self.events is not None:
+            self.events.close()
+            self.events = None
+
+    def _step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
         m, name = self.metrics, self.model_id
         if sched.preempted:

@@ -144,8 +144,10 @@ class Scheduler:
             full = seq.num_computed_tokens // bs
             if full > seq.num_registered_blocks:
                 self._update_hashes(seq)
+                hashes = seq.block_hashes
                 for b in range(seq.num_registered_blocks, full):
-                    self.pool.register(seq.block_table[b], seq.block_hashes[b])
+                    parent = hashes[b - 1] if b else None
+                    self.pool.register(seq.block_table[b], hashes[b], parent, seq.token_ids[b * bs : (b + 1) * bs])
                 seq.num_registered_blocks = full
 
     def finish(self, seq: Sequence, reason: str) -> None:

@@ -3,9 +3,11 @@ is checked once here so the rest of the engine can trust them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from kvfleet.engine.kv_events import KVEventsConfig
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 DtypeChoice = Literal["auto", "float32", "bfloat16", "float16"]
@@ -63,8 +65,11 @@ class EngineSettings:
     # static: one graph per size in compile_sizes_tokens, steps padded up to the next size.
     compile_mode: CompileMode = "dynamic"
     compile_sizes_tokens: tuple[int, ...] = DEFAULT_COMPILE_SIZES
+    # vLLM's --kv-events-config: publish the prefix cache's stored/evicted blocks (kv_events.py).
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
     def __post_init__(self) -> None:
+        self.kv_events.validate()
         _require(1 <= self.block_size_tokens <= 256, "block_size_tokens", "must be in [1, 256]")
         _require(self.num_kv_blocks >= 0, "num_kv_blocks", "must be >= 0 (0 sizes the pool from memory)")
         _require(self.kv_cache_memory_bytes >= 1 << 20, "kv_cache_memory_bytes", "must be >= 1 MiB")

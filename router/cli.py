@@ -49,11 +49,16 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
         model, sep, url = value.partition("=")
         if not sep or not model or not url:
             raise click.BadParameter(f"{value!r}: expected MODEL=URL", param_hint="--replica")
+        url, _, events = url.partition(",kv-events-port=")
+        if events and not events.isdigit():
+            raise click.BadParameter(f"{value!r}: kv-events-port must be a port number", param_hint="--replica")
         if model not in counts:
             source.set_deployment(model, routing=RoutingSpec(strategy=strategy))
         counts[model] = counts.get(model, 0) + 1
         try:
-            source.add(model, f"{model}-{counts[model] - 1}", url.rstrip("/"))
+            source.add(
+                model, f"{model}-{counts[model] - 1}", url.rstrip("/"), kv_events_port=int(events) if events else None
+            )
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--replica") from None
     return source
@@ -68,7 +73,12 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="YAML or JSON file with RouterSettings fields.",
 )
-@click.option("--replica", "replicas", multiple=True, help="MODEL=URL of a fixed replica (repeat); static discovery.")
+@click.option(
+    "--replica",
+    "replicas",
+    multiple=True,
+    help="MODEL=URL of a fixed replica (repeat); static discovery. MODEL=URL,kv-events-port=N: its KV events' port.",
+)
 @click.option(
     "--strategy",
     type=click.Choice(["prefix", "least-load", "round-robin"]),

@@ -10,17 +10,26 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from kvfleet.router.activator import HoldBudget, HoldQueue
+from kvfleet.router.engine_caches import EngineCaches
 from kvfleet.router.errors import ModelNotFoundError
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.outlier import OutlierDetector
 from kvfleet.router.picking import Candidate, Pick, PickRequest, Strategy, build_strategy
 from kvfleet.router.placement import BranchIndex, home
 from kvfleet.router.prefix_index import PrefixIndex
+from kvfleet.router.prompt import BlockChain
 from kvfleet.router.replicas import DeploymentView, Endpoint, Snapshot
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import WakeError, WakeSignal
+
+if TYPE_CHECKING:
+    from kvfleet.engine.tokenizer import ModelTokenizer
+    from kvfleet.router.kv_subscriber import EventSubscription
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +50,8 @@ class _Model:
     strategy: Strategy
     queue: HoldQueue
     branches: BranchIndex | None  # where prompts diverge, for placement (None: placement off)
+    caches: EngineCaches | None = None  # the replicas' KV-cache event views (None: events off)
+    subscriptions: dict[str, EventSubscription] = field(default_factory=dict)
     replicas: dict[str, _Replica] = field(default_factory=dict)
     first_seen_unix_s: int = field(default_factory=lambda: int(time.time()))
 
@@ -102,10 +113,26 @@ class Fleet:
             max_ejection_s=max(settings.eject_max_s, settings.eject_base_s),
         )
         self._wake_tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
         self._holds = HoldBudget(settings.max_held_requests)
         metrics.track_holds(lambda: (self._holds.held, self._holds.max_held, self._holds.refused))
         self.applied = asyncio.Event()
         metrics.track_inflight(self._inflight_samples)
+        # Loaded now, so a missing tokenizer stops the router at start, not on a request.
+        self._tokenizers: dict[str, ModelTokenizer] = {}
+        if settings.kv_events_port is not None:
+            from kvfleet.router.prompt_tokens import load_tokenizer
+
+            for served_name, folder in settings.kv_events_tokenizers.items():
+                self._tokenizers[served_name] = load_tokenizer(Path(folder))
+            metrics.track_kv_events(self._kv_event_samples)
+
+    def _kv_event_samples(self) -> list[tuple[str, int, int, int]]:
+        return [
+            (m, len(model.subscriptions), model.caches.usable_count(), model.caches.blocks())
+            for m, model in self._models.items()
+            if model.caches is not None
+        ]
 
     def _inflight_samples(self) -> list[tuple[str, str, int, int]]:
         return [
@@ -119,16 +146,24 @@ class Fleet:
             gone = self._models.pop(served_name)
             for replica_id in gone.replicas:
                 self._outliers.forget(replica_id)
+            for replica_id in list(gone.subscriptions):
+                self._unsubscribe(gone, replica_id)
             gone.queue.release_all()  # waiters look again and find the model gone: 404
             self._metrics.forget_model(served_name)
         for served_name, view in snapshot.items():
             found = self._models.get(served_name)
             if found is None:
                 index = PrefixIndex(self._settings.prefix_index_blocks_per_replica)
+                caches = (
+                    EngineCaches(self._settings.kv_events_max_blocks_per_replica)
+                    if self._settings.kv_events_port is not None
+                    else None
+                )
                 model = _Model(
                     view=view,
                     index=index,
-                    strategy=self._strategy(view, index),
+                    caches=caches,
+                    strategy=self._strategy(view, index, caches),
                     queue=HoldQueue(
                         served_name,
                         max_waiting=view.routing.max_queue,
@@ -146,7 +181,7 @@ class Fleet:
             else:
                 model = found
             if model.view.routing != view.routing:
-                model.strategy = self._strategy(view, model.index)
+                model.strategy = self._strategy(view, model.index, model.caches)
                 model.queue.max_waiting = view.routing.max_queue
             model.view = view
             self._apply_endpoints(served_name, model, view.endpoints)
@@ -160,6 +195,7 @@ class Fleet:
             # In-flight requests to it hold their own URL and finish; only the router's memory of it goes.
             del model.replicas[replica_id]
             self._outliers.forget(replica_id)
+            self._unsubscribe(model, replica_id)
         for replica_id, endpoint in wanted.items():
             replica = model.replicas.get(replica_id)
             if replica is None:
@@ -167,17 +203,45 @@ class Fleet:
             elif replica.endpoint != endpoint:
                 if replica.endpoint.url != endpoint.url:
                     model.index.forget(replica_id)  # a new process behind the same id has a cold cache
+                if (replica.endpoint.url, replica.endpoint.kv_events_port) != (endpoint.url, endpoint.kv_events_port):
+                    self._unsubscribe(model, replica_id)  # subscribed again below, to the new address
                 replica.endpoint = endpoint
             model.index.set_capacity(replica_id, endpoint.kv_capacity_blocks)
+            if model.caches is not None and replica_id not in model.subscriptions:
+                self._subscribe(served_name, model, endpoint)
         model.index.retain(wanted)
 
-    def _strategy(self, view: DeploymentView, index: PrefixIndex) -> Strategy:
+    def _subscribe(self, served_name: str, model: _Model, endpoint: Endpoint) -> None:
+        """Subscribe to the replica's KV-cache events at its host and its (or the configured) port."""
+        from kvfleet.router.kv_subscriber import EventSubscription
+
+        assert model.caches is not None
+        host = urlsplit(endpoint.url).hostname or ""
+        port = endpoint.kv_events_port or self._settings.kv_events_port
+        address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        state = model.caches.add(endpoint.replica_id)
+        subscription = EventSubscription(
+            served_name, endpoint.replica_id, address, state, self._settings, self._metrics
+        )
+        model.subscriptions[endpoint.replica_id] = subscription
+        subscription.start()
+
+    def _unsubscribe(self, model: _Model, replica_id: str) -> None:
+        subscription = model.subscriptions.pop(replica_id, None)
+        if subscription is not None:
+            self._stopping.add(asyncio.get_running_loop().create_task(subscription.stop()))
+            self._stopping = {t for t in self._stopping if not t.done()}
+        if model.caches is not None:
+            model.caches.remove(replica_id)
+
+    def _strategy(self, view: DeploymentView, index: PrefixIndex, caches: EngineCaches | None) -> Strategy:
         return build_strategy(
             view.routing,
             index,
             load_penalty_blocks=self._settings.load_penalty_blocks,
             placement=self._settings.placement,
             load_bound_slack=self._settings.load_bound_slack_requests,
+            caches=caches,
         )
 
     # -- queries ---------------------------------------------------------------------------------
@@ -225,6 +289,44 @@ class Fleet:
         model = self._models.get(served_name)
         return model.index if model else None
 
+    def engine_caches(self, served_name: str) -> EngineCaches | None:
+        model = self._models.get(served_name)
+        return model.caches if model else None
+
+    def attach_engine_blocks(self, served_name: str, body: dict[str, Any], hashes: Sequence[int]) -> None:
+        """Tokenize the prompt into the engines' blocks when some replica's events can be read for it."""
+        job = self.engine_blocks_job(served_name, body, hashes)
+        if job is not None:
+            job()
+
+    def engine_blocks_job(
+        self, served_name: str, body: dict[str, Any], hashes: Sequence[int]
+    ) -> Callable[[], None] | None:
+        """The work of tokenizing the prompt into the engines' blocks, or None when nothing would read them
+        (no tokenizer for the model, no usable event view).
+
+        The result is carried on ``hashes`` (``prompt.BlockChain.engine_blocks``), so retries and
+        continuations reuse it. It costs a chat-template render and a tokenization (milliseconds for a
+        long prompt: docs/benchmarks/kv_events.md), so the proxy runs it off the event loop for large
+        bodies; it touches nothing but ``hashes``.
+        """
+        model = self._models.get(served_name)
+        tokenizer = self._tokenizers.get(served_name)
+        if model is None or model.caches is None or tokenizer is None or not isinstance(hashes, BlockChain):
+            return None
+        size = model.caches.block_size()
+        if size is None:
+            return None
+        from kvfleet.router.prompt_tokens import engine_block_hashes
+
+        chain = hashes
+
+        def job() -> None:
+            chain.engine_blocks = engine_block_hashes(tokenizer, body, size)
+            chain.engine_block_size = size
+
+        return job
+
     # -- acquire / release -----------------------------------------------------------------------
 
     def try_acquire(
@@ -250,7 +352,11 @@ class Fleet:
         key, block = home(branches, hashes) if branches is not None else (None, 0)
         if key is not None:
             self._metrics.placement_keyed.inc((served_name,))
-        pick = model.strategy.pick(candidates, PickRequest(hashes, exclude, key, block))
+        if isinstance(hashes, BlockChain) and hashes.engine_blocks is not None:
+            request = PickRequest(hashes, exclude, key, block, hashes.engine_blocks, hashes.engine_block_size)
+        else:
+            request = PickRequest(hashes, exclude, key, block)
+        pick = model.strategy.pick(candidates, request)
         return self._lease(served_name, model, pick, hashes) if pick is not None else None
 
     async def acquire(self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()) -> Lease:
@@ -322,6 +428,10 @@ class Fleet:
             await asyncio.sleep(self._settings.wake_min_interval_s)
 
     async def close(self) -> None:
+        for model in self._models.values():
+            for replica_id in list(model.subscriptions):
+                self._unsubscribe(model, replica_id)
+        await asyncio.gather(*self._stopping, return_exceptions=True)
         tasks = list(self._wake_tasks.values())
         self._wake_tasks.clear()
         for task in tasks:

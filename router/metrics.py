@@ -45,9 +45,9 @@ class _Series(Generic[_Value]):
 class CounterSeries(_Series[float]):
     """A labelled counter: ``inc(labels)`` is one dict update."""
 
-    def inc(self, labels: tuple[str, ...]) -> None:
+    def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
         values = self.values
-        values[labels] = values.get(labels, 0.0) + 1.0
+        values[labels] = values.get(labels, 0.0) + amount
 
     def collect(self) -> Metric:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.label_names)
@@ -131,7 +131,33 @@ class RouterMetrics:
             ["model"],
             TTFT_BUCKETS_S,
         )
+        self.kv_event_batches = CounterSeries(
+            "kvfleet_router_kv_event_batches",
+            "KV-cache event batches received, by what their sequence number meant: first, ok, gap (batches lost), "
+            "restart (the engine started over), resync (resumed after a reconnection with batches lost), duplicate.",
+            ["model", "result"],
+        )
+        self.kv_event_rejects = CounterSeries(
+            "kvfleet_router_kv_event_rejects",
+            "KV-cache event batches not applied, by reason: malformed, oversized, framing, unknown-event, rate.",
+            ["model", "reason"],
+        )
+        self.kv_event_blocks_skipped = CounterSeries(
+            "kvfleet_router_kv_event_blocks_skipped",
+            "Stored blocks not taken into a replica's view, by reason: unknown-parent, other-tier, extra-keys, "
+            "block-size, overflow (past kv_events_max_blocks_per_replica).",
+            ["model", "reason"],
+        )
+        self.kv_event_connections = CounterSeries(
+            "kvfleet_router_kv_event_connections",
+            "KV-cache event subscription transitions: connected, disconnected.",
+            ["model", "event"],
+        )
         self._series: list[CounterSeries | HistogramSeries] = [
+            self.kv_event_batches,
+            self.kv_event_rejects,
+            self.kv_event_blocks_skipped,
+            self.kv_event_connections,
             self.migrations,
             self.migration_gap,
             self.requests,
@@ -162,6 +188,12 @@ class RouterMetrics:
         ``kvfleet_router_held_requests``, ``kvfleet_router_held_requests_limit`` and
         ``kvfleet_router_hold_budget_refusals_total`` (429s because the whole router held its limit)."""
         self.registry.register(_HoldCollector(holds))
+
+    def track_kv_events(self, views: Callable[[], Iterable[tuple[str, int, int, int]]]) -> None:
+        """Export ``kvfleet_router_kv_event_subscriptions{model}``, ``..._usable{model}`` and
+        ``kvfleet_router_kv_event_view_blocks{model}`` from ``views()``'s (model, subscriptions, usable,
+        blocks), read when scraped."""
+        self.registry.register(_KVEventsCollector(views))
 
     def forget_model(self, model: str) -> None:
         for series in self._series:
@@ -236,3 +268,30 @@ class _HoldCollector(Collector):
             "Requests answered 429 because the router already held max_held_requests across all models.",
             value=refused,
         )
+
+
+class _KVEventsCollector(Collector):
+    def __init__(self, views: Callable[[], Iterable[tuple[str, int, int, int]]]) -> None:
+        self._views = views
+
+    def collect(self) -> Iterator[Metric]:
+        subs = GaugeMetricFamily(
+            "kvfleet_router_kv_event_subscriptions",
+            "Replicas whose KV-cache events this router subscribes to.",
+            labels=["model"],
+        )
+        usable = GaugeMetricFamily(
+            "kvfleet_router_kv_event_subscriptions_usable",
+            "Subscriptions connected and in sync: their replicas are scored by their engines' events.",
+            labels=["model"],
+        )
+        blocks = GaugeMetricFamily(
+            "kvfleet_router_kv_event_view_blocks", "Blocks held in the replicas' event views.", labels=["model"]
+        )
+        for model, n, live, held in self._views():
+            subs.add_metric([model], n)
+            usable.add_metric([model], live)
+            blocks.add_metric([model], held)
+        yield subs
+        yield usable
+        yield blocks

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from kvfleet.router.engine_caches import EngineCaches
 from kvfleet.router.placement import PlacementScorer
 from kvfleet.router.prefix_index import PrefixIndex
 from kvfleet.spec import RoutingSpec
@@ -54,6 +55,10 @@ class PickRequest(NamedTuple):
     exclude: frozenset[str] = frozenset()
     home_key: int | None = None  # the prompt's placement key, alike in every router (placement.home_key)
     home_block: int = 0  # the block the key ends with: where the prompt diverges from the others seen
+    # The prompt's token blocks as engines hash them in their KV-cache events (engine_caches.py), with
+    # their block size; None: not tokenized (no events, or no tokenizer for the model).
+    engine_blocks: Sequence[int] | None = None
+    engine_block_size: int = 0
 
 
 class Pick(NamedTuple):
@@ -156,17 +161,26 @@ class PrefixScorer:
     """Leading blocks of the prompt the replica holds, by the prefix index: blocks of prefill it saves.
 
     Absolute blocks, not the matched fraction: moving a long conversation costs its whole history's
-    prefill, moving a short one little, and a fraction scores both alike.
+    prefill, moving a short one little, and a fraction scores both alike. With ``caches`` and a
+    tokenized prompt, a replica whose KV-cache events are live is scored by what its engine reports
+    holding instead (``EngineCaches.matched``: in the same text-block unit).
     """
 
     index: PrefixIndex
+    caches: EngineCaches | None = None
     name: str = "prefix"
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> list[float]:
-        if not request.hashes:
+        hashes = request.hashes
+        if not hashes:
             return [0.0] * len(candidates)
         matched = self.index.matched_blocks
-        return [float(matched(c.replica_id, request.hashes)) for c in candidates]
+        tokens = request.engine_blocks
+        if self.caches is None or not tokens:
+            return [float(matched(c.replica_id, hashes)) for c in candidates]
+        engine = self.caches.matched
+        size, n = request.engine_block_size, len(hashes)
+        return [engine(c.replica_id, tokens, size, n, matched(c.replica_id, hashes)) for c in candidates]
 
 
 @dataclass
@@ -185,15 +199,20 @@ class QueueScorer:
     """
 
     index: PrefixIndex | None = None
+    caches: EngineCaches | None = None
     name: str = "queue"
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> list[float]:
-        if self.index is not None and request.hashes and self.index.held_anywhere(request.hashes[0]):
-            loads = [c.inflight for c in candidates]
-        else:
-            loads = [c.waiting for c in candidates]
+        held = self._held_somewhere(request)
+        loads = [c.inflight for c in candidates] if held else [c.waiting for c in candidates]
         least = min(loads, default=0)
         return [float(least - load) for load in loads]
+
+    def _held_somewhere(self, request: PickRequest) -> bool:
+        if self.index is not None and request.hashes and self.index.held_anywhere(request.hashes[0]):
+            return True
+        tokens = request.engine_blocks
+        return bool(self.caches is not None and tokens and self.caches.held_anywhere(tokens[0]))
 
 
 class LoadScorer:
@@ -316,6 +335,7 @@ def build_strategy(
     load_penalty_blocks: float,
     placement: bool = False,
     load_bound_slack: int = 0,
+    caches: EngineCaches | None = None,
 ) -> Strategy:
     """The strategy a deployment's ``spec.routing`` asks for.
 
@@ -323,13 +343,17 @@ def build_strategy(
     ``placement``: the prefix strategy also scores each request's rendezvous home (``placement``), so
     that several routers agree; it scores nothing for requests without a ``home_key``.
     ``load_bound_slack``: requests allowed over the load bound's cap (``BoundedLoadFilter.slack``).
+    ``caches``: the model's replicas' KV-cache event views, read by the prefix strategy where live.
     """
     routable = RoutableFilter()
     if routing.strategy == "round-robin":
         return Strategy("round-robin", index, [routable], [], RoundRobinPicker())
     if routing.strategy == "least-load":
         return Strategy("least-load", index, [routable], [(LoadScorer(), 1.0)], MaxScorePicker())
-    scorers: list[tuple[Scorer, float]] = [(PrefixScorer(index), 1.0), (QueueScorer(index), load_penalty_blocks)]
+    scorers: list[tuple[Scorer, float]] = [
+        (PrefixScorer(index, caches), 1.0),
+        (QueueScorer(index, caches), load_penalty_blocks),
+    ]
     if placement:
         scorers.append((PlacementScorer(index), 1.0))
     return Strategy(

@@ -80,13 +80,16 @@ class BlockChain(list[int]):
     router processes compare (the placement key), computed for one block per request, not for all.
     """
 
-    __slots__ = ("_block_chars", "_model", "_text")
+    __slots__ = ("_block_chars", "_model", "_text", "engine_block_size", "engine_blocks")
 
     def __init__(self, text: str, model: str, block_chars: int) -> None:
         super().__init__()
         self._text = text
         self._model = model
         self._block_chars = block_chars
+        # The prompt's token blocks as engines report them in KV-cache events (Fleet.attach_engine_blocks).
+        self.engine_blocks: list[int] | None = None
+        self.engine_block_size = 0
 
     def stable_hash(self, block: int) -> int:
         if not 0 <= block < len(self):

@@ -198,6 +198,13 @@ class Proxy:
                 block_chars=block_chars,
                 max_blocks=self._settings.max_prompt_blocks,
             )
+            tokenize = self._fleet.engine_blocks_job(model, body, hashes)
+            if tokenize is not None:
+                if len(request.body) > self._settings.kv_events_inline_tokenize_bytes:
+                    # Milliseconds of tokenizer work: off the event loop, so other requests are not held up.
+                    await asyncio.get_running_loop().run_in_executor(None, tokenize)
+                else:
+                    tokenize()
             # Labelled with the model only once it is headed for a replica: the autoscaler reads this
             # series as the model's arrivals, and a request the router refuses itself (malformed
             # messages) must not wake a deployment from zero or keep it from scaling there.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvfleet.spec import RoutingSpec
 
@@ -161,6 +161,67 @@ class RouterSettings(BaseModel):
             "noise from moving prompts off their home (docs/benchmarks/router.md, section 4)."
         ),
     )
+    kv_events_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_535,
+        description=(
+            "Subscribe to every replica's KV-cache events (vLLM's --kv-events-config ZMQ PUB, and the reference "
+            "engine's) at tcp://<replica host>:<this port>, and score prefixes by what the engines report holding "
+            "(docs/router.md, KV events). None: off, the learned index alone."
+        ),
+    )
+    kv_events_topic: str = Field(default="", max_length=256, description="The publishers' topic (vLLM's default: '').")
+    kv_events_tokenizers: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Served model name -> folder with its tokenizer.json (and tokenizer_config.json for chat): prompts are "
+            "tokenized as the engine does to match the engines' token blocks. A model without one is routed by the "
+            "learned index even when its replicas publish events."
+        ),
+    )
+    kv_events_inline_tokenize_bytes: int = Field(
+        default=4096,
+        ge=0,
+        le=256 * 1024 * 1024,
+        description=(
+            "Request bodies up to this size are tokenized on the event loop (tens of microseconds); larger ones "
+            "in a worker thread (a 16k-character prompt takes milliseconds: docs/benchmarks/kv_events.md)."
+        ),
+    )
+    kv_events_max_blocks_per_replica: int = Field(
+        default=262_144,
+        ge=16,
+        le=100_000_000,
+        description=(
+            "Blocks remembered per replica from its events (~150 bytes each); past it the oldest go. An engine "
+            "holds at most its KV pool's blocks, so more is a flood or missed removals."
+        ),
+    )
+    kv_events_max_batches_per_s: int = Field(
+        default=2_000,
+        ge=1,
+        le=1_000_000,
+        description="Batches applied per replica per second; more are dropped and counted (a flooding replica).",
+    )
+    kv_events_queue_batches: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="Batches ZeroMQ queues per replica before dropping (the SUB socket's high-water mark).",
+    )
+    kv_events_reconnect_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=60,
+        description="First reconnection delay after a subscription drops (jittered 0.5-1.5x per subscription).",
+    )
+    kv_events_reconnect_max_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="Longest reconnection delay (ZeroMQ doubles the delay up to this while a publisher is down).",
+    )
     max_held_requests: int = Field(
         default=2_000,
         ge=1,
@@ -190,3 +251,9 @@ class RouterSettings(BaseModel):
     default_routing: RoutingSpec = Field(
         default_factory=RoutingSpec, description="Routing for deployments whose source gives none."
     )
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> RouterSettings:
+        if self.kv_events_tokenizers and self.kv_events_port is None:
+            raise ValueError("kv_events_tokenizers: tokenizers are only used with kv_events_port set")
+        return self

@@ -1,0 +1,164 @@
+"""One ZeroMQ SUB subscription per replica to its KV-cache events, feeding its ``ReplicaEvents``.
+
+The I/O layer only: decoding and applying are ``kv_events`` and ``engine_caches``. Bounds:
+- ZeroMQ queues at most ``kv_events_queue_batches`` per replica (RCVHWM) and drops past it; the
+  sequence gap that leaves is seen and counted;
+- at most ``kv_events_max_batches_per_s`` batches are applied per replica per second (a token
+  bucket); more are dropped and counted, and the view stops claiming to be complete;
+- each batch is bounded by ``DecodeLimits`` and each view by ``kv_events_max_blocks_per_replica``.
+ZeroMQ reconnects by itself; each subscription's first delay is ``kv_events_reconnect_s`` jittered
+0.5-1.5x (so routers do not reconnect to a restarted engine in step), doubling up to
+``kv_events_reconnect_max_s``. A socket monitor says when the connection is up or down: while down
+the replica is scored by the learned index. A bad batch is logged (rate-limited) and counted, never
+raised: nothing here can fail a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from kvfleet.router.engine_caches import ReplicaEvents
+from kvfleet.router.kv_events import DecodeLimits, KVEventError, decode_batch, decode_frames
+from kvfleet.router.metrics import RouterMetrics
+from kvfleet.router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 10.0  # one warning per subscription and reason at most this often
+
+
+class TokenBucket:
+    """``rate`` per second, bursts up to ``rate``."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self._clock = clock
+        self._tokens = rate
+        self._at = clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+class EventSubscription:
+    def __init__(
+        self,
+        model: str,
+        replica_id: str,
+        endpoint: str,
+        state: ReplicaEvents,
+        settings: RouterSettings,
+        metrics: RouterMetrics,
+        *,
+        limits: DecodeLimits | None = None,
+    ) -> None:
+        self.model = model
+        self.replica_id = replica_id
+        self.endpoint = endpoint
+        self.state = state
+        self._settings = settings
+        self._metrics = metrics
+        self._limits = limits or DecodeLimits()
+        self._bucket = TokenBucket(settings.kv_events_max_batches_per_s)
+        self._logged: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"kv-events {self.replica_id}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self.state.on_disconnected()
+
+    async def _run(self) -> None:
+        s = self._settings
+        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, s.kv_events_queue_batches)
+        first_ms = max(1, int(s.kv_events_reconnect_s * 1000 * random.uniform(0.5, 1.5)))  # noqa: S311 (jitter, no secret)
+        sock.setsockopt(zmq.RECONNECT_IVL, first_ms)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, max(first_ms, int(s.kv_events_reconnect_max_s * 1000)))
+        sock.setsockopt(zmq.SUBSCRIBE, s.kv_events_topic.encode())
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        try:
+            sock.connect(self.endpoint)
+            while True:
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    self._on_monitor(parse_monitor_message(await monitor.recv_multipart()))
+                if sock in ready:
+                    self._on_frames(await sock.recv_multipart())
+        except zmq.ZMQError as e:  # a bad endpoint: the replica stays on the learned index
+            self._warn("socket", f"subscription to {self.endpoint} failed: {e}")
+        finally:
+            self.state.on_disconnected()
+            sock.disable_monitor()
+            monitor.close(0)
+            sock.close(0)
+
+    def _on_monitor(self, message: Mapping[str, Any]) -> None:
+        if message["event"] == zmq.EVENT_CONNECTED:
+            self.state.on_connected()
+            self._metrics.kv_event_connections.inc((self.model, "connected"))
+            log.info("kv events of %s: connected to %s", self.replica_id, self.endpoint)
+        elif message["event"] == zmq.EVENT_DISCONNECTED:
+            self.state.on_disconnected()
+            self._metrics.kv_event_connections.inc((self.model, "disconnected"))
+            log.warning(
+                "kv events of %s: %s disconnected; scored by the learned index until it is back",
+                self.replica_id,
+                self.endpoint,
+            )
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        """Decode and apply one batch; every failure is counted and logged, none raised."""
+        if not self._bucket.take():
+            self.state.view.complete = False  # what it said is lost
+            self._reject("rate", f"more than {self._settings.kv_events_max_batches_per_s} batches/s; dropped")
+            return
+        try:
+            seq, payload = decode_frames(frames)
+            batch = decode_batch(payload, self._limits)
+        except KVEventError as e:
+            self.state.view.complete = False
+            self._reject(e.reason, e.detail)
+            return
+        kind, result = self.state.on_batch(seq, batch)
+        self._metrics.kv_event_batches.inc((self.model, kind))
+        if kind in ("gap", "resync", "restart"):
+            self._warn(kind, f"batch {seq}: {kind} (lost or restarted batches; the view starts over or is partial)")
+        if result is not None and result.skipped:
+            for reason, blocks in result.skipped.items():
+                self._metrics.kv_event_blocks_skipped.inc((self.model, reason), blocks)
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self._metrics.kv_event_rejects.inc((self.model, reason))
+        self._warn(reason, f"batch rejected: {reason}: {detail}")
+
+    def _warn(self, reason: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._logged.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._logged[reason] = now
+            log.warning("kv events of %s (%s): %s", self.replica_id, self.endpoint, message)
