@@ -13,8 +13,6 @@ remembered by pod uid in a bounded LRU so a resync does not ask again.
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 import re
 from collections import OrderedDict
@@ -23,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-log = logging.getLogger(__name__)
+from .launcher_http import get_launcher_json
 
 MAX_REMEMBERED_PODS = 4096
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")  # sha256 of the weight-cache manifest, hex
@@ -90,20 +88,9 @@ class ColdStartProbe:
         self._known: OrderedDict[str, LauncherReport] = OrderedDict()  # by pod uid
 
     async def _fetch(self, session: aiohttp.ClientSession, pod: PodTarget) -> LauncherReport | None:
-        host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
-        try:
-            async with session.get(f"http://{host}:{self._port}/coldstart") as response:
-                if response.status != 200:
-                    return None
-                # A pod is a tenant's: read a bounded body, never what it chooses to send.
-                body = await response.content.read(MAX_COLDSTART_BYTES + 1)
-                if len(body) > MAX_COLDSTART_BYTES:
-                    log.info("launcher of pod %s sent a /coldstart body over %d bytes", pod.uid, MAX_COLDSTART_BYTES)
-                    return None
-                doc = json.loads(body)
-        except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as e:
-            log.debug("launcher of pod %s did not answer /coldstart: %s", pod.uid, e)
-            return None
+        doc = await get_launcher_json(
+            session, pod.ip, self._port, "/coldstart", max_bytes=MAX_COLDSTART_BYTES, pod=pod.uid
+        )
         seconds = parse_coldstart(doc)
         return None if seconds is None else LauncherReport(seconds, parse_model_digest(doc))
 

@@ -12,8 +12,6 @@ numbers only; no text a pod sends reaches status.
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +19,7 @@ import aiohttp
 
 from kvfleet.pull_progress import PullReport, parse_report
 
-log = logging.getLogger(__name__)
+from .launcher_http import get_launcher_json
 
 MAX_PROGRESS_BYTES = 1024  # the launcher's answer is about 200 bytes of JSON
 
@@ -84,20 +82,10 @@ class PullProgressProbe:
         self._pods_per_tick = pods_per_tick
 
     async def _fetch(self, session: aiohttp.ClientSession, pod: PodAddress) -> PullReport | None:
-        host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
-        try:
-            async with session.get(f"http://{host}:{self._port}/progress") as response:
-                if response.status != 200:
-                    return None
-                # A pod is a tenant's: read a bounded body, never what it chooses to send.
-                body = await response.content.read(MAX_PROGRESS_BYTES + 1)
-                if len(body) > MAX_PROGRESS_BYTES:
-                    log.info("launcher of pod %s sent a /progress body over %d bytes", pod.name, MAX_PROGRESS_BYTES)
-                    return None
-                return parse_progress(json.loads(body))
-        except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as e:  # a tenant may nest deeply
-            log.debug("launcher of pod %s did not answer /progress: %s", pod.name, e)
-            return None
+        doc = await get_launcher_json(
+            session, pod.ip, self._port, "/progress", max_bytes=MAX_PROGRESS_BYTES, pod=pod.name
+        )
+        return None if doc is None else parse_progress(doc)
 
     async def read(self, pods: list[dict[str, Any]]) -> PullsSeen | None:
         """The pulls among ``pods`` (at most ``pods_per_tick`` asked, concurrently), or None."""
