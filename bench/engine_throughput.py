@@ -74,6 +74,7 @@ def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 SYSTEMS = ("kvfleet", "transformers", "transformers-batched")
+PAD_ID = 0  # the baseline's padding token: prompts here never use ids below 300
 
 
 # -- transformers baseline -------------------------------------------------------------------
@@ -91,8 +92,11 @@ class HFBaseline:
         )
         self.streamer_cls = transformers.generation.streamers.BaseStreamer
 
-    def generate(self, prompt: list[int], new_tokens: int) -> tuple[float, float, int]:
-        """(ttft_s, e2e_s, generated) for one request, first-token time taken from a streamer."""
+    def _generate_timed(
+        self, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
+    ) -> tuple[float, float, torch.Tensor]:
+        """One greedy ``generate`` call: (ttft_s, e2e_s, output ids), the first token's time taken
+        from a streamer."""
         stamps: list[float] = []
 
         class Stamp(self.streamer_cls):  # type: ignore[misc,name-defined]
@@ -102,43 +106,7 @@ class HFBaseline:
             def end(self) -> None:
                 pass
 
-        ids = torch.tensor([prompt], device=self.device)
         start = time.perf_counter()
-        with torch.inference_mode():
-            out = self.model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                streamer=Stamp(),
-                pad_token_id=0,
-            )
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        end = time.perf_counter()
-        # stamps[0] is the prompt being "put"; stamps[1] is the first generated token.
-        return stamps[1] - start, end - start, out.shape[1] - len(prompt)
-
-    def run_batched(self, batch: list[list[int]], new_tokens: int) -> RunResult:
-        """Serve ``batch`` as one static batch: one ``generate`` call, prompts left-padded to the
-        longest with an attention mask (what batched generation with a decoder-only model needs).
-        Every request gets its first token after the whole batch's prefill, and its last with the
-        batch's last step."""
-        longest = max(len(p) for p in batch)
-        pad = 0
-        ids = torch.tensor([[pad] * (longest - len(p)) + p for p in batch], device=self.device)
-        mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in batch], device=self.device)
-        stamps: list[float] = []
-
-        class Stamp(self.streamer_cls):  # type: ignore[misc,name-defined]
-            def put(self, value: torch.Tensor) -> None:
-                stamps.append(time.perf_counter())
-
-            def end(self) -> None:
-                pass
-
-        cpu0, start = cpu_now(), time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(
                 ids,
@@ -147,13 +115,31 @@ class HFBaseline:
                 min_new_tokens=new_tokens,
                 do_sample=False,
                 streamer=Stamp(),
-                pad_token_id=pad,
+                pad_token_id=PAD_ID,
             )
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        wall = time.perf_counter() - start
+        end = time.perf_counter()
+        # stamps[0] is the prompt being "put"; stamps[1] is the first generated token.
+        return stamps[1] - start, end - start, out
+
+    def generate(self, prompt: list[int], new_tokens: int) -> tuple[float, float, int]:
+        """(ttft_s, e2e_s, generated) for one request."""
+        ids = torch.tensor([prompt], device=self.device)
+        ttft, e2e, out = self._generate_timed(ids, torch.ones_like(ids), new_tokens)
+        return ttft, e2e, out.shape[1] - len(prompt)
+
+    def run_batched(self, batch: list[list[int]], new_tokens: int) -> RunResult:
+        """Serve ``batch`` as one static batch: one ``generate`` call, prompts left-padded to the
+        longest with an attention mask (what batched generation with a decoder-only model needs).
+        Every request gets its first token after the whole batch's prefill, and its last with the
+        batch's last step."""
+        longest = max(len(p) for p in batch)
+        ids = torch.tensor([[PAD_ID] * (longest - len(p)) + p for p in batch], device=self.device)
+        mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in batch], device=self.device)
+        cpu0 = cpu_now()
+        ttft, wall, out = self._generate_timed(ids, mask, new_tokens)
         n = out.shape[1] - longest
-        ttft = stamps[1] - start
         per_token = (wall - ttft) / max(1, n - 1)
         return RunResult(
             "transformers-batched",
