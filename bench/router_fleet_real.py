@@ -39,16 +39,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench.router_real import stream_trace  # noqa: E402
 from kvfleet.engine.tiny_model import make_tiny_model  # noqa: E402
 from tests.router.conftest import Engine, pick_free_port, start_engine  # noqa: E402
 
@@ -141,55 +139,7 @@ async def drive(
 ) -> dict[str, Any]:
     """Send the trace, each request through a random router, ``concurrency`` at a time in trace order."""
     rng = random.Random(seed)
-    before = [e.metrics() for e in engines]
-    ttft: list[float] = []
-    served: Counter[str] = Counter()
-    errors = 0
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    for b in bodies:
-        queue.put_nowait(b)
-    async with aiohttp.ClientSession() as session:
-        loop = asyncio.get_running_loop()
-
-        async def worker() -> None:
-            nonlocal errors
-            while not queue.empty():
-                b = queue.get_nowait()
-                url = rng.choice(router_urls)
-                t0 = loop.time()
-                first = None
-                async with session.post(url + "/v1/chat/completions", json=b) as resp:
-                    if resp.status != 200:
-                        errors += 1
-                        await resp.read()
-                        continue
-                    served[resp.headers["X-Kvfleet-Replica"]] += 1
-                    async for _ in resp.content.iter_any():
-                        if first is None:
-                            first = loop.time()
-                if first is not None:
-                    ttft.append(first - t0)
-
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    after = [e.metrics() for e in engines]
-    hits = sum(
-        a["vllm:prefix_cache_hits_total"] - b["vllm:prefix_cache_hits_total"]
-        for a, b in zip(after, before, strict=True)
-    )
-    queries = sum(
-        a["vllm:prefix_cache_queries_total"] - b["vllm:prefix_cache_queries_total"]
-        for a, b in zip(after, before, strict=True)
-    )
-    ttft.sort()
-    counts = list(served.values()) or [0]
-    return {
-        "hit_rate": hits / queries if queries else 0.0,
-        "ttft_mean_s": statistics.mean(ttft),
-        "ttft_p50_s": ttft[len(ttft) // 2],
-        "ttft_p99_s": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))],
-        "imbalance": max(counts) / (sum(counts) / len(engines)),
-        "errors": errors,
-    }
+    return await stream_trace(lambda: rng.choice(router_urls), engines, bodies, CONCURRENCY)
 
 
 CONCURRENCY = 4

@@ -24,6 +24,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,49 +69,44 @@ def workload(seed: int, tenants: int, requests: int, system_chars: int) -> list[
     return bodies
 
 
-async def run_one(
-    engines: list[Engine], strategy: str, bodies: list[dict[str, Any]], concurrency: int, index_blocks: int
+async def stream_trace(
+    pick_url: Callable[[], str], engines: list[Engine], bodies: list[dict[str, Any]], concurrency: int
 ) -> dict[str, Any]:
-    source = StaticReplicaSource()
-    source.set_deployment(SERVED, routing=RoutingSpec(strategy=strategy, prefix_block_chars=BLOCK_CHARS))
-    for engine in engines:
-        source.add(SERVED, engine.replica_id, engine.url, kv_capacity_blocks=index_blocks)
+    """Stream ``bodies`` as chat requests, ``concurrency`` at a time in trace order, each to the router
+    ``pick_url()`` names: the engines' own prefix-cache hit rate over the run (their counters' deltas),
+    TTFT by the client (request sent to first streamed byte), requests served per replica (the router's
+    ``X-Kvfleet-Replica``) and max/mean of those over the engines."""
     before = [e.metrics() for e in engines]
     ttft: list[float] = []
-    served: dict[str, int] = {e.replica_id: 0 for e in engines}
+    served: Counter[str] = Counter({e.replica_id: 0 for e in engines})
     errors = 0
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     for body in bodies:
         queue.put_nowait(body)
-    server = RouterServer(RouterSettings(port=0), source, NoWakeSignal())
-    await server.start()
-    try:
-        async with aiohttp.ClientSession() as session:
-            loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as session:
+        loop = asyncio.get_running_loop()
 
-            async def worker() -> None:
-                nonlocal errors
-                while not queue.empty():
-                    body = queue.get_nowait()
-                    t0 = loop.time()
-                    first = None
-                    async with session.post(server.url + "/v1/chat/completions", json=body) as resp:
-                        if resp.status != 200:
-                            errors += 1
-                            await resp.read()
-                            continue
-                        served[resp.headers["X-Kvfleet-Replica"]] += 1
-                        async for _ in resp.content.iter_any():
-                            if first is None:
-                                first = loop.time()
-                    if first is not None:
-                        ttft.append(first - t0)
+        async def worker() -> None:
+            nonlocal errors
+            while not queue.empty():
+                body = queue.get_nowait()
+                t0 = loop.time()
+                first = None
+                async with session.post(pick_url() + "/v1/chat/completions", json=body) as resp:
+                    if resp.status != 200:
+                        errors += 1
+                        await resp.read()
+                        continue
+                    served[resp.headers["X-Kvfleet-Replica"]] += 1
+                    async for _ in resp.content.iter_any():
+                        if first is None:
+                            first = loop.time()
+                if first is not None:
+                    ttft.append(first - t0)
 
-            started = loop.time()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            elapsed = loop.time() - started
-    finally:
-        await server.stop()
+        started = loop.time()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = loop.time() - started
     after = [e.metrics() for e in engines]
     hits = sum(
         a["vllm:prefix_cache_hits_total"] - b["vllm:prefix_cache_hits_total"]
@@ -120,16 +117,31 @@ async def run_one(
         for a, b in zip(after, before, strict=True)
     )
     ttft.sort()
-    counts = list(served.values())
     return {
         "hit_rate": hits / queries if queries else 0.0,
+        "ttft_mean_s": statistics.mean(ttft),
         "ttft_p50_s": ttft[len(ttft) // 2],
         "ttft_p99_s": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))],
-        "imbalance": max(counts) / statistics.mean(counts),
-        "served": served,
+        "imbalance": max(served.values()) / (sum(served.values()) / len(engines)),
+        "served": dict(served),
         "errors": errors,
         "elapsed_s": elapsed,
     }
+
+
+async def run_one(
+    engines: list[Engine], strategy: str, bodies: list[dict[str, Any]], concurrency: int, index_blocks: int
+) -> dict[str, Any]:
+    source = StaticReplicaSource()
+    source.set_deployment(SERVED, routing=RoutingSpec(strategy=strategy, prefix_block_chars=BLOCK_CHARS))
+    for engine in engines:
+        source.add(SERVED, engine.replica_id, engine.url, kv_capacity_blocks=index_blocks)
+    server = RouterServer(RouterSettings(port=0), source, NoWakeSignal())
+    await server.start()
+    try:
+        return await stream_trace(lambda: server.url, engines, bodies, concurrency)
+    finally:
+        await server.stop()
 
 
 def main() -> None:
