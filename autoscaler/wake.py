@@ -11,15 +11,14 @@ next tick or the next scrape.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import re
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from aiohttp import web
 
 from kvfleet.spec import NAME_PATTERN
+from kvfleet.wake_token import WakeToken
 
 MAX_PENDING = 10_000
 MAX_BODY_BYTES = 4096
@@ -47,29 +46,6 @@ class WakeInbox:
         pending, self._pending = self._pending, set()
         self.event.clear()
         return pending
-
-
-MAX_TOKEN_BYTES = 4096
-
-
-class WakeToken:
-    """The shared wake token, read from a file on every check (a rotated Secret takes effect without
-    a restart) and never logged."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def read(self) -> bytes:
-        with open(self.path, "rb") as f:
-            token = f.read(MAX_TOKEN_BYTES + 1).strip()
-        if not token or len(token) > MAX_TOKEN_BYTES:
-            raise ValueError(f"wake token file {self.path} is empty or over {MAX_TOKEN_BYTES} bytes")
-        return token
-
-    def accepts(self, authorization: str | None) -> bool:
-        if not authorization or not authorization.startswith("Bearer "):
-            return False
-        return hmac.compare_digest(authorization[len("Bearer ") :].strip().encode(), self.read())
 
 
 def _bad(reason: str, status: int = 400) -> web.Response:

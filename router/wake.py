@@ -13,6 +13,8 @@ from typing import Protocol
 
 import aiohttp
 
+from kvfleet.wake_token import WakeToken
+
 
 class WakeError(Exception):
     """The autoscaler could not be told (unreachable, or answered other than 2xx)."""
@@ -70,7 +72,7 @@ class HttpWakeSignal:
         try:
             headers = {}
             if self._token_file is not None:
-                headers["Authorization"] = f"Bearer {self._token_file.read_text().strip()}"
+                headers["Authorization"] = f"Bearer {WakeToken(self._token_file).read().decode()}"
             async with self._session.post(
                 self._url, json={"namespace": namespace, "name": name}, timeout=self._timeout, headers=headers
             ) as resp:
@@ -79,7 +81,7 @@ class HttpWakeSignal:
                     raise WakeError(f"autoscaler answered {resp.status}: {text}")
         except (aiohttp.ClientError, TimeoutError) as e:
             raise WakeError(f"autoscaler unreachable at {self._url}: {e!r}") from e
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: empty, oversized or not text
             raise WakeError(f"wake token unreadable: {e}") from e
 
     async def close(self) -> None:
