@@ -26,6 +26,15 @@ class BadRequestError(RouterError):
     kind = "invalid_request_error"
 
 
+class ClientNamespaceError(RouterError):
+    """Client scoping is on and the request carries no single valid namespace header (it did not come
+    through the authenticating gateway that sets it): 403, before any model is looked up."""
+
+    status = 403
+    kind = "permission_error"
+    code = "client_namespace_required"
+
+
 class PayloadTooLargeError(RouterError):
     """The body is over the router's size limit: 413 (refused before it is read whole)."""
 

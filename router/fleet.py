@@ -1,7 +1,11 @@
 """The router's live view of its deployments: replicas with their in-flight and awaiting-first-byte
 counts, the prefix index, outlier ejection, and the hold queue. ``acquire`` picks a replica (holding
 the request while the model has none), ``Lease.first_byte`` says the answer started,
-``Lease.release`` reports how the attempt went."""
+``Lease.release`` reports how the attempt went.
+
+Models are keyed by ``namespace/served-name`` (``DeploymentView.key``); every method that takes a
+model name also takes the bare served name, which the source guarantees one deployment holds
+(``replicas.resolve_claims``). Per-model metrics carry (namespace, served name)."""
 
 from __future__ import annotations
 
@@ -106,7 +110,8 @@ class Fleet:
         self._wake = wake
         self._metrics = metrics
         self._clock = clock
-        self._models: dict[str, _Model] = {}
+        self._models: dict[str, _Model] = {}  # by DeploymentView.key
+        self._served: dict[str, str] = {}  # served name -> key
         self._outliers = OutlierDetector(
             failures_to_eject=settings.eject_after_failures,
             base_ejection_s=settings.eject_base_s,
@@ -127,31 +132,44 @@ class Fleet:
                 self._tokenizers[served_name] = load_tokenizer(Path(folder))
             metrics.track_kv_events(self._kv_event_samples)
 
-    def _kv_event_samples(self) -> list[tuple[str, int, int, int]]:
+    def _kv_event_samples(self) -> list[tuple[str, str, int, int, int]]:
         return [
-            (m, len(model.subscriptions), model.caches.usable_count(), model.caches.blocks())
-            for m, model in self._models.items()
+            (*model.view.labels, len(model.subscriptions), model.caches.usable_count(), model.caches.blocks())
+            for model in self._models.values()
             if model.caches is not None
         ]
 
-    def _inflight_samples(self) -> list[tuple[str, str, int, int]]:
+    def _inflight_samples(self) -> list[tuple[str, str, str, int, int]]:
         return [
-            (m, r, rep.inflight, rep.waiting) for m, model in self._models.items() for r, rep in model.replicas.items()
+            (*model.view.labels, r, rep.inflight, rep.waiting)
+            for model in self._models.values()
+            for r, rep in model.replicas.items()
         ]
 
     # -- FleetSink -------------------------------------------------------------------------------
 
     def apply(self, snapshot: Snapshot) -> None:
-        for served_name in [m for m in self._models if m not in snapshot]:
-            gone = self._models.pop(served_name)
+        wanted: dict[str, DeploymentView] = {}
+        served: dict[str, str] = {}  # served name -> key
+        for view in snapshot.values():
+            if view.served_name in served:
+                # Sources resolve claims already (resolve_claims); a second claimant is never routed.
+                log.warning("snapshot serves %r twice; %s is not routed", view.served_name, view.key)
+                continue
+            wanted[view.key] = view
+            served[view.served_name] = view.key
+        for key in [m for m in self._models if m not in wanted]:
+            gone = self._models.pop(key)
             for replica_id in gone.replicas:
                 self._outliers.forget(replica_id)
             for replica_id in list(gone.subscriptions):
                 self._unsubscribe(gone, replica_id)
             gone.queue.release_all()  # waiters look again and find the model gone: 404
-            self._metrics.forget_model(served_name)
-        for served_name, view in snapshot.items():
-            found = self._models.get(served_name)
+            self._metrics.forget_model(gone.view.labels)
+        self._served = served
+        for key, view in wanted.items():
+            served_name = view.served_name
+            found = self._models.get(key)
             if found is None:
                 index = PrefixIndex(self._settings.prefix_index_blocks_per_replica)
                 caches = (
@@ -176,20 +194,20 @@ class Fleet:
                         else None
                     ),
                 )
-                self._models[served_name] = model
-                self._metrics.queue_depth.labels(served_name).set(0)
+                self._models[key] = model
+                self._metrics.queue_depth.labels(*view.labels).set(0)
             else:
                 model = found
             if model.view.routing != view.routing:
                 model.strategy = self._strategy(view, model.index, model.caches)
                 model.queue.max_waiting = view.routing.max_queue
             model.view = view
-            self._apply_endpoints(served_name, model, view.endpoints)
+            self._apply_endpoints(model, view.endpoints)
             if any(not r.endpoint.draining for r in model.replicas.values()):
                 model.queue.release_all()
         self.applied.set()
 
-    def _apply_endpoints(self, served_name: str, model: _Model, endpoints: Sequence[Endpoint]) -> None:
+    def _apply_endpoints(self, model: _Model, endpoints: Sequence[Endpoint]) -> None:
         wanted = {e.replica_id: e for e in endpoints}
         for replica_id in [r for r in model.replicas if r not in wanted]:
             # In-flight requests to it hold their own URL and finish; only the router's memory of it goes.
@@ -208,10 +226,10 @@ class Fleet:
                 replica.endpoint = endpoint
             model.index.set_capacity(replica_id, endpoint.kv_capacity_blocks)
             if model.caches is not None and replica_id not in model.subscriptions:
-                self._subscribe(served_name, model, endpoint)
+                self._subscribe(model, endpoint)
         model.index.retain(wanted)
 
-    def _subscribe(self, served_name: str, model: _Model, endpoint: Endpoint) -> None:
+    def _subscribe(self, model: _Model, endpoint: Endpoint) -> None:
         """Subscribe to the replica's KV-cache events at its host and its (or the configured) port."""
         from kvfleet.router.kv_subscriber import EventSubscription
 
@@ -221,7 +239,7 @@ class Fleet:
         address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         state = model.caches.add(endpoint.replica_id)
         subscription = EventSubscription(
-            served_name, endpoint.replica_id, address, state, self._settings, self._metrics
+            model.view.labels, endpoint.replica_id, address, state, self._settings, self._metrics
         )
         model.subscriptions[endpoint.replica_id] = subscription
         subscription.start()
@@ -249,48 +267,52 @@ class Fleet:
     def models(self) -> list[DeploymentView]:
         return [m.view for m in self._models.values()]
 
-    def view(self, served_name: str) -> DeploymentView | None:
-        model = self._models.get(served_name)
+    def _find(self, model_name: str) -> _Model | None:
+        """``namespace/served-name`` (always exact) first, then a bare served name."""
+        model = self._models.get(model_name)
+        if model is not None:
+            return model
+        key = self._served.get(model_name)
+        return self._models.get(key) if key is not None else None
+
+    def view(self, model_name: str) -> DeploymentView | None:
+        """The deployment a request's ``model`` names: qualified ``namespace/served-name`` or bare."""
+        model = self._find(model_name)
         return model.view if model else None
 
-    def created_unix_s(self, served_name: str) -> int:
+    def created_unix_s(self, model_name: str) -> int:
         """The model object's ``created``: the deployment's creation time, else when this router first saw it."""
-        model = self._models.get(served_name)
-        if model is None:
-            raise ModelNotFoundError(f"model {served_name!r} is not served here")
+        model = self._require(model_name)
         return model.view.created_unix_s or model.first_seen_unix_s
 
-    def routing_block_chars(self, served_name: str) -> int:
-        model = self._models.get(served_name)
-        if model is None:
-            raise ModelNotFoundError(f"model {served_name!r} is not served here")
-        return model.view.routing.prefix_block_chars
+    def routing_block_chars(self, model_name: str) -> int:
+        return self._require(model_name).view.routing.prefix_block_chars
 
     def inflight(self, served_name: str) -> dict[str, int]:
-        model = self._models.get(served_name)
+        model = self._find(served_name)
         return {r: rep.inflight for r, rep in model.replicas.items()} if model else {}
 
     def waiting(self, served_name: str) -> dict[str, int]:
         """Requests per replica sent and not yet answered with a first body byte."""
-        model = self._models.get(served_name)
+        model = self._find(served_name)
         return {r: rep.waiting for r, rep in model.replicas.items()} if model else {}
 
     def queue_depth(self, served_name: str) -> int:
-        model = self._models.get(served_name)
+        model = self._find(served_name)
         return len(model.queue) if model else 0
 
     def index_entries(self, served_name: str | None = None) -> int:
         if served_name is not None:
-            model = self._models.get(served_name)
+            model = self._find(served_name)
             return model.index.entries() if model else 0
         return sum(m.index.entries() for m in self._models.values())
 
     def index(self, served_name: str) -> PrefixIndex | None:
-        model = self._models.get(served_name)
+        model = self._find(served_name)
         return model.index if model else None
 
     def engine_caches(self, served_name: str) -> EngineCaches | None:
-        model = self._models.get(served_name)
+        model = self._find(served_name)
         return model.caches if model else None
 
     def attach_engine_blocks(self, served_name: str, body: dict[str, Any], hashes: Sequence[int]) -> None:
@@ -310,8 +332,8 @@ class Fleet:
         long prompt: docs/benchmarks/kv_events.md), so the proxy runs it off the event loop for large
         bodies; it touches nothing but ``hashes``.
         """
-        model = self._models.get(served_name)
-        tokenizer = self._tokenizers.get(served_name)
+        model = self._find(served_name)
+        tokenizer = self._tokenizers.get(model.view.served_name) if model is not None else None
         if model is None or model.caches is None or tokenizer is None or not isinstance(hashes, BlockChain):
             return None
         size = model.caches.block_size()
@@ -334,11 +356,9 @@ class Fleet:
     ) -> Lease | None:
         """A replica for one attempt now, or None when the model has none taking requests (see ``acquire``)."""
         model = self._require(served_name)
-        return self._try_pick(served_name, model, hashes, exclude, self._clock())
+        return self._try_pick(model, hashes, exclude, self._clock())
 
-    def _try_pick(
-        self, served_name: str, model: _Model, hashes: Sequence[int], exclude: frozenset[str], now_s: float
-    ) -> Lease | None:
+    def _try_pick(self, model: _Model, hashes: Sequence[int], exclude: frozenset[str], now_s: float) -> Lease | None:
         if self._outliers.none_ejected(now_s):
             replicas = model.replicas.items()
             candidates = [Candidate(r, rep.inflight, rep.endpoint.draining, False, rep.waiting) for r, rep in replicas]
@@ -351,13 +371,13 @@ class Fleet:
         branches = model.branches
         key, block = home(branches, hashes) if branches is not None else (None, 0)
         if key is not None:
-            self._metrics.placement_keyed.inc((served_name,))
+            self._metrics.placement_keyed.inc(model.view.labels)
         if isinstance(hashes, BlockChain) and hashes.engine_blocks is not None:
             request = PickRequest(hashes, exclude, key, block, hashes.engine_blocks, hashes.engine_block_size)
         else:
             request = PickRequest(hashes, exclude, key, block)
         pick = model.strategy.pick(candidates, request)
-        return self._lease(served_name, model, pick, hashes) if pick is not None else None
+        return self._lease(model, pick, hashes) if pick is not None else None
 
     async def acquire(self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()) -> Lease:
         """A replica for one attempt, holding the request while the model has none ready."""
@@ -365,27 +385,27 @@ class Fleet:
         deadline_s = self._clock() + model.view.routing.max_queue_wait_seconds
         while True:
             now_s = self._clock()
-            lease = self._try_pick(served_name, model, hashes, exclude, now_s)
+            lease = self._try_pick(model, hashes, exclude, now_s)
             if lease is not None:
                 return lease
             # No replica takes new requests (none yet, or all draining): hold the request, wake the autoscaler.
-            self._start_wake(served_name)
-            self._metrics.queue_depth.labels(served_name).set(len(model.queue) + 1)
+            self._start_wake(model.view.key)
+            self._metrics.queue_depth.labels(*model.view.labels).set(len(model.queue) + 1)
             try:
                 await model.queue.wait(deadline_s - now_s)
             finally:
-                self._metrics.queue_depth.labels(served_name).set(len(model.queue))
-            model = self._require(served_name)
+                self._metrics.queue_depth.labels(*model.view.labels).set(len(model.queue))
+            model = self._require(model.view.key)
 
-    def _lease(self, served_name: str, model: _Model, pick: Pick, hashes: Sequence[int]) -> Lease:
+    def _lease(self, model: _Model, pick: Pick, hashes: Sequence[int]) -> Lease:
         replica = model.replicas[pick.replica_id]
         model.index.record(pick.replica_id, hashes)  # learn only after the pick
         replica.inflight += 1
         replica.waiting += 1
-        self._metrics.prefix_match.observe((served_name,), pick.match_ratio)
+        self._metrics.prefix_match.observe(model.view.labels, pick.match_ratio)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("pick %s", pick.reason)
-        return Lease(served_name, pick.replica_id, replica.endpoint.url, pick, self, replica)
+        return Lease(model.view.key, pick.replica_id, replica.endpoint.url, pick, self, replica)
 
     def _release(self, lease: Lease, outcome: str) -> None:
         if outcome == "ok":
@@ -395,32 +415,32 @@ class Fleet:
             if ejected_s is not None:
                 log.warning("replica %s of %s ejected for %.1fs", lease.replica_id, lease.model, ejected_s)
 
-    def _require(self, served_name: str) -> _Model:
-        model = self._models.get(served_name)
+    def _require(self, model_name: str) -> _Model:
+        model = self._find(model_name)
         if model is None:
-            raise ModelNotFoundError(f"model {served_name!r} is not served here")
+            raise ModelNotFoundError(f"model {model_name!r} is not served here")
         return model
 
     # -- wake ------------------------------------------------------------------------------------
 
-    def _start_wake(self, served_name: str) -> None:
+    def _start_wake(self, key: str) -> None:
         """Signal the autoscaler now, and again every ``wake_min_interval_s`` while requests wait."""
-        task = self._wake_tasks.get(served_name)
+        task = self._wake_tasks.get(key)
         if task is not None and not task.done():
             return
-        self._wake_tasks[served_name] = asyncio.get_running_loop().create_task(self._wake_loop(served_name))
+        self._wake_tasks[key] = asyncio.get_running_loop().create_task(self._wake_loop(key))
 
-    def _needs_wake(self, served_name: str) -> DeploymentView | None:
-        model = self._models.get(served_name)
+    def _needs_wake(self, key: str) -> DeploymentView | None:
+        model = self._models.get(key)
         if model is None or not len(model.queue):
             return None
         if any(not r.endpoint.draining for r in model.replicas.values()):
             return None
         return model.view
 
-    async def _wake_loop(self, served_name: str) -> None:
+    async def _wake_loop(self, key: str) -> None:
         await asyncio.sleep(0)  # let the request that started this enter the queue
-        while (view := self._needs_wake(served_name)) is not None:
+        while (view := self._needs_wake(key)) is not None:
             try:
                 await asyncio.wait_for(self._wake.wake(view.namespace, view.name), self._settings.wake_timeout_s)
             except (WakeError, TimeoutError) as e:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.client import KubeClient
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchCollector, WatchSettings
-from kvfleet.router.replicas import DeploymentView, Endpoint, FleetSink, Snapshot
+from kvfleet.router.replicas import DeploymentView, Endpoint, FleetSink, NameConflict, Snapshot, resolve_claims
 from kvfleet.spec import GROUP, PLURAL, VERSION, InferenceDeploymentSpec, RoutingSpec
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,18 @@ class ServedDeployment:
 
     served_name: str
     routing: RoutingSpec
+    created_unix_s: int | None = None
+
+
+def created_unix_s(obj: Mapping[str, Any]) -> int | None:
+    """``metadata.creationTimestamp`` (RFC 3339, set by the API server) in Unix seconds; None when absent or bad."""
+    stamp = _meta(obj).get("creationTimestamp")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return None
 
 
 def served_deployment(key: ObjectKey, obj: Mapping[str, Any]) -> ServedDeployment | None:
@@ -90,7 +103,7 @@ def served_deployment(key: ObjectKey, obj: Mapping[str, Any]) -> ServedDeploymen
     except ValidationError as e:
         log.warning("ignoring InferenceDeployment %s/%s with an invalid spec: %s", *key, e)
         return None
-    return ServedDeployment(spec.served_name(key[1]), spec.routing)
+    return ServedDeployment(spec.served_name(key[1]), spec.routing, created_unix_s(obj))
 
 
 def slice_owner(key: ObjectKey, slice_obj: Mapping[str, Any]) -> ObjectKey | None:
@@ -110,32 +123,32 @@ def merge_endpoints(slices: Mapping[ObjectKey, list[Endpoint]]) -> tuple[Endpoin
 
 
 def view_of(key: ObjectKey, served: ServedDeployment, endpoints: tuple[Endpoint, ...]) -> DeploymentView:
-    return DeploymentView(served.served_name, key[0], key[1], served.routing, endpoints)
+    return DeploymentView(served.served_name, key[0], key[1], served.routing, endpoints, served.created_unix_s)
 
 
 def assemble(views: Mapping[ObjectKey, DeploymentView]) -> dict[str, DeploymentView]:
-    """Served name -> view; two deployments serving one name: the first by namespace/name wins (pure)."""
-    snapshot: dict[str, DeploymentView] = {}
-    for key in sorted(views):
-        view = views[key]
-        other = snapshot.get(view.served_name)
-        if other is not None:
+    """Model key -> view; two deployments serving one name: the older keeps it (pure; ``resolve_claims``)."""
+    return resolve_claims(views.values())[0]
+
+
+def log_new_conflicts(conflicts: list[NameConflict], logged: set[NameConflict]) -> set[NameConflict]:
+    """Log each conflict once while it lasts; returns the conflicts now standing (the next call's ``logged``)."""
+    for conflict in conflicts:
+        if conflict not in logged:
             log.warning(
-                "InferenceDeployment %s/%s serves %r, already served by %s/%s; the first (by namespace/name) wins",
-                *key,
-                view.served_name,
-                other.namespace,
-                other.name,
+                "InferenceDeployment %s/%s is not routed: served name %r is already served by %s/%s "
+                "(the older claimant)",
+                *conflict.loser,
+                conflict.served_name,
+                *conflict.winner,
             )
-            continue
-        snapshot[view.served_name] = view
-    return snapshot
+    return set(conflicts)
 
 
 def build_snapshot(
     deployments: Mapping[ObjectKey, Mapping[str, Any]], slices: Mapping[ObjectKey, Mapping[str, Any]]
 ) -> dict[str, DeploymentView]:
-    """Served name -> deployment view from the InferenceDeployments and EndpointSlices seen (pure; the
+    """Model key -> deployment view from the InferenceDeployments and EndpointSlices seen (pure; the
     source computes the same thing incrementally)."""
     served = {key: one for key, obj in deployments.items() if (one := served_deployment(key, obj)) is not None}
     by_owner: dict[ObjectKey, dict[ObjectKey, list[Endpoint]]] = {}
@@ -184,6 +197,7 @@ class KubernetesReplicaSource:
         self._views: dict[ObjectKey, DeploymentView] = {}  # rebuilt per key when its parts change
         self.validations = 0
         """InferenceDeployment specs validated so far (one per change seen; tests and logs read it)."""
+        self._conflicts: set[NameConflict] = set()  # logged while they stand
         self._sink: FleetSink | None = None
         self._publish_pending = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -244,7 +258,9 @@ class KubernetesReplicaSource:
             self._sink.apply(snapshot)
 
     def snapshot(self) -> dict[str, DeploymentView]:
-        return assemble(self._views)
+        snapshot, conflicts = resolve_claims(self._views.values())
+        self._conflicts = log_new_conflicts(conflicts, self._conflicts)
+        return snapshot
 
     async def start(self, sink: FleetSink) -> None:
         for watch in (self.deployments, self.slices):

@@ -58,7 +58,7 @@ class TokenBucket:
 class EventSubscription:
     def __init__(
         self,
-        model: str,
+        model: tuple[str, str],
         replica_id: str,
         endpoint: str,
         state: ReplicaEvents,
@@ -121,11 +121,11 @@ class EventSubscription:
     def _on_monitor(self, message: Mapping[str, Any]) -> None:
         if message["event"] == zmq.EVENT_CONNECTED:
             self.state.on_connected()
-            self._metrics.kv_event_connections.inc((self.model, "connected"))
+            self._metrics.kv_event_connections.inc((*self.model, "connected"))
             log.info("kv events of %s: connected to %s", self.replica_id, self.endpoint)
         elif message["event"] == zmq.EVENT_DISCONNECTED:
             self.state.on_disconnected()
-            self._metrics.kv_event_connections.inc((self.model, "disconnected"))
+            self._metrics.kv_event_connections.inc((*self.model, "disconnected"))
             log.warning(
                 "kv events of %s: %s disconnected; scored by the learned index until it is back",
                 self.replica_id,
@@ -146,15 +146,15 @@ class EventSubscription:
             self._reject(e.reason, e.detail)
             return
         kind, result = self.state.on_batch(seq, batch)
-        self._metrics.kv_event_batches.inc((self.model, kind))
+        self._metrics.kv_event_batches.inc((*self.model, kind))
         if kind in ("gap", "resync", "restart"):
             self._warn(kind, f"batch {seq}: {kind} (lost or restarted batches; the view starts over or is partial)")
         if result is not None and result.skipped:
             for reason, blocks in result.skipped.items():
-                self._metrics.kv_event_blocks_skipped.inc((self.model, reason), blocks)
+                self._metrics.kv_event_blocks_skipped.inc((*self.model, reason), blocks)
 
     def _reject(self, reason: str, detail: str) -> None:
-        self._metrics.kv_event_rejects.inc((self.model, reason))
+        self._metrics.kv_event_rejects.inc((*self.model, reason))
         self._warn(reason, f"batch rejected: {reason}: {detail}")
 
     def _warn(self, reason: str, message: str) -> None:

@@ -1,7 +1,9 @@
 """The router's own Prometheus metrics (``kvfleet_router_*``), in a registry per router instance.
 
-The ``model`` label is always a known served name (requests for unknown models count under
-``model=""``), so a client cannot grow the label set by sending random model names.
+Per-model series carry ``namespace`` and ``model``: the deployment's namespace and its served name
+(two namespaces' series never mix, docs/router.md). Both are always a known deployment's (requests
+for unknown models count under ``namespace="",model=""``), so a client cannot grow the label set by
+sending random model names.
 
 The per-request series (requests, retries, TTFT, prefix match) are plain counts in dicts, exported
 by a collector when scraped, instead of ``prometheus_client`` Counter and Histogram children: those
@@ -36,9 +38,9 @@ class _Series(Generic[_Value]):
         self.label_names = list(label_names)
         self.values: dict[tuple[str, ...], _Value] = {}
 
-    def forget(self, first_label: str) -> None:
-        """Drop every series whose first label (the model) is ``first_label``."""
-        for labels in [k for k in self.values if k[:1] == (first_label,)]:
+    def forget(self, model: tuple[str, str]) -> None:
+        """Drop every series whose first labels (namespace, model) are ``model``."""
+        for labels in [k for k in self.values if k[:2] == model]:
             del self.values[labels]
 
 
@@ -89,69 +91,71 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.requests = CounterSeries(
-            "kvfleet_router_requests", "Requests answered, by served model and HTTP status code.", ["model", "code"]
+            "kvfleet_router_requests",
+            "Requests answered, by served model and HTTP status code.",
+            ["namespace", "model", "code"],
         )
         self.queue_depth = Gauge(
             "kvfleet_router_queue_depth",
             "Requests held while the model has no ready replica.",
-            ["model"],
+            ["namespace", "model"],
             registry=self.registry,
         )
         self.ttft = HistogramSeries(
             "kvfleet_router_ttft_seconds",
             "Time from receiving a request to forwarding the first response byte.",
-            ["model"],
+            ["namespace", "model"],
             TTFT_BUCKETS_S,
         )
         self.prefix_match = HistogramSeries(
             "kvfleet_router_prefix_match_ratio",
             "Fraction of the prompt's blocks the picked replica was believed to hold.",
-            ["model"],
+            ["namespace", "model"],
             RATIO_BUCKETS,
         )
         self.retries = CounterSeries(
             "kvfleet_router_retries",
             "Attempts retried on another replica after failing before the first byte.",
-            ["model"],
+            ["namespace", "model"],
         )
         self.placement_keyed = CounterSeries(
             "kvfleet_router_placement_keyed",
             "Picks whose prompt had a placement home (where its conversation or document starts was known).",
-            ["model"],
+            ["namespace", "model"],
         )
         self.migrations = CounterSeries(
             "kvfleet_router_stream_migrations",
             "Streams a replica broke after the first byte, by result: continued (on another replica), "
             "completed_tail (only the end was missing), not_continuable, attempts_exhausted, timeout.",
-            ["model", "result"],
+            ["namespace", "model", "result"],
         )
         self.migration_gap = HistogramSeries(
             "kvfleet_router_stream_migration_gap_seconds",
             "From a replica breaking a stream to the continuation's first byte (the added time to next token).",
-            ["model"],
+            ["namespace", "model"],
             TTFT_BUCKETS_S,
         )
         self.kv_event_batches = CounterSeries(
             "kvfleet_router_kv_event_batches",
             "KV-cache event batches received, by what their sequence number meant: first, ok, gap (batches lost), "
             "restart (the engine started over), resync (resumed after a reconnection with batches lost), duplicate.",
-            ["model", "result"],
+            ["namespace", "model", "result"],
         )
         self.kv_event_rejects = CounterSeries(
             "kvfleet_router_kv_event_rejects",
             "KV-cache event batches not applied, by reason: malformed, oversized, framing, unknown-event, rate.",
-            ["model", "reason"],
+            ["namespace", "model", "reason"],
         )
         self.kv_event_blocks_skipped = CounterSeries(
             "kvfleet_router_kv_event_blocks_skipped",
             "Stored blocks not taken into a replica's view, by reason: unknown-parent, other-tier, extra-keys, "
             "block-size, overflow (past kv_events_max_blocks_per_replica).",
-            ["model", "reason"],
+            ["namespace", "model", "reason"],
         )
         self.kv_event_connections = CounterSeries(
             "kvfleet_router_kv_event_connections",
             "KV-cache event subscription transitions: connected, disconnected.",
-            ["model", "event"],
+            ["namespace", "model", "event"],
         )
         self._series: list[CounterSeries | HistogramSeries] = [
             self.kv_event_batches,
@@ -168,9 +172,10 @@ class RouterMetrics:
         ]
         self.registry.register(_SeriesCollector(self._series))
 
-    def track_inflight(self, inflight: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
-        """Export ``kvfleet_router_inflight{model,replica}`` and ``kvfleet_router_awaiting_first_byte{model,replica}``
-        from ``inflight()``'s (model, replica, in flight, awaiting first byte) at scrape time.
+    def track_inflight(self, inflight: Callable[[], Iterable[tuple[str, str, str, int, int]]]) -> None:
+        """Export ``kvfleet_router_inflight{namespace,model,replica}`` and
+        ``kvfleet_router_awaiting_first_byte{namespace,model,replica}`` from ``inflight()``'s (namespace,
+        model, replica, in flight, awaiting first byte) at scrape time.
 
         Read when scraped rather than set on every request: two gauge updates per request were ~3 us of
         the router's CPU per request, and a replica that leaves simply stops being reported.
@@ -189,17 +194,18 @@ class RouterMetrics:
         ``kvfleet_router_hold_budget_refusals_total`` (429s because the whole router held its limit)."""
         self.registry.register(_HoldCollector(holds))
 
-    def track_kv_events(self, views: Callable[[], Iterable[tuple[str, int, int, int]]]) -> None:
-        """Export ``kvfleet_router_kv_event_subscriptions{model}``, ``..._usable{model}`` and
-        ``kvfleet_router_kv_event_view_blocks{model}`` from ``views()``'s (model, subscriptions, usable,
-        blocks), read when scraped."""
+    def track_kv_events(self, views: Callable[[], Iterable[tuple[str, str, int, int, int]]]) -> None:
+        """Export ``kvfleet_router_kv_event_subscriptions{namespace,model}``, ``..._usable`` and
+        ``kvfleet_router_kv_event_view_blocks`` from ``views()``'s (namespace, model, subscriptions,
+        usable, blocks), read when scraped."""
         self.registry.register(_KVEventsCollector(views))
 
-    def forget_model(self, model: str) -> None:
+    def forget_model(self, model: tuple[str, str]) -> None:
+        """Drop a deployment's series: ``model`` is its (namespace, served name)."""
         for series in self._series:
             series.forget(model)
         with contextlib.suppress(KeyError):
-            self.queue_depth.remove(model)
+            self.queue_depth.remove(*model)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -215,21 +221,21 @@ class _SeriesCollector(Collector):
 
 
 class _InflightCollector(Collector):
-    def __init__(self, inflight: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
+    def __init__(self, inflight: Callable[[], Iterable[tuple[str, str, str, int, int]]]) -> None:
         self._inflight = inflight
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
-            "kvfleet_router_inflight", "Requests in flight to a replica.", labels=["model", "replica"]
+            "kvfleet_router_inflight", "Requests in flight to a replica.", labels=["namespace", "model", "replica"]
         )
         waiting = GaugeMetricFamily(
             "kvfleet_router_awaiting_first_byte",
             "Requests sent to a replica that have had no response body byte yet (queued or prefilling).",
-            labels=["model", "replica"],
+            labels=["namespace", "model", "replica"],
         )
-        for model, replica_id, count, awaiting in self._inflight():
-            family.add_metric([model, replica_id], count)
-            waiting.add_metric([model, replica_id], awaiting)
+        for namespace, model, replica_id, count, awaiting in self._inflight():
+            family.add_metric([namespace, model, replica_id], count)
+            waiting.add_metric([namespace, model, replica_id], awaiting)
         yield family
         yield waiting
 
@@ -271,27 +277,29 @@ class _HoldCollector(Collector):
 
 
 class _KVEventsCollector(Collector):
-    def __init__(self, views: Callable[[], Iterable[tuple[str, int, int, int]]]) -> None:
+    def __init__(self, views: Callable[[], Iterable[tuple[str, str, int, int, int]]]) -> None:
         self._views = views
 
     def collect(self) -> Iterator[Metric]:
         subs = GaugeMetricFamily(
             "kvfleet_router_kv_event_subscriptions",
             "Replicas whose KV-cache events this router subscribes to.",
-            labels=["model"],
+            labels=["namespace", "model"],
         )
         usable = GaugeMetricFamily(
             "kvfleet_router_kv_event_subscriptions_usable",
             "Subscriptions connected and in sync: their replicas are scored by their engines' events.",
-            labels=["model"],
+            labels=["namespace", "model"],
         )
         blocks = GaugeMetricFamily(
-            "kvfleet_router_kv_event_view_blocks", "Blocks held in the replicas' event views.", labels=["model"]
+            "kvfleet_router_kv_event_view_blocks",
+            "Blocks held in the replicas' event views.",
+            labels=["namespace", "model"],
         )
-        for model, n, live, held in self._views():
-            subs.add_metric([model], n)
-            usable.add_metric([model], live)
-            blocks.add_metric([model], held)
+        for namespace, model, n, live, held in self._views():
+            subs.add_metric([namespace, model], n)
+            usable.add_metric([namespace, model], live)
+            blocks.add_metric([namespace, model], held)
         yield subs
         yield usable
         yield blocks

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
@@ -16,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from kvfleet.openai_shape import error_body, method_not_allowed_body, model_object, not_found_body
 from kvfleet.router.errors import (
     BadRequestError,
+    ClientNamespaceError,
     GatewayTimeoutError,
     ModelNotFoundError,
     PayloadTooLargeError,
@@ -28,7 +30,7 @@ from kvfleet.router.http_server import Handler, Headers, HttpRequest, Responder
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.migration import CHAT_PATH, Splicer, continuation, finish_event, progress
 from kvfleet.router.prompt import block_hashes, render_prompt
-from kvfleet.router.replicas import DeploymentView
+from kvfleet.router.replicas import DeploymentView, key_labels
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.sse import EventSplitter, error_event
 from kvfleet.router.upstream import (
@@ -73,6 +75,8 @@ CLIENT_CLOSED = 499
 
 _JSON = ("Content-Type", "application/json")
 _MODEL_PREFIX = "/v1/models/"
+_NO_MODEL = ("", "")  # the labels of requests that name no deployment this client may reach
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1123 label
 
 
 class _Answered:
@@ -127,6 +131,7 @@ class Proxy:
         self._metrics = metrics
         self._upstream = upstream
         self._clock = clock
+        self._shared = frozenset(settings.shared_namespaces)
         self._routes: dict[str, tuple[str, Handler]] = {
             "/v1/completions": ("POST", self.inference),
             "/v1/chat/completions": ("POST", self.inference),
@@ -157,21 +162,52 @@ class Proxy:
     # -- small endpoints -----------------------------------------------------------------------
 
     async def models(self, request: HttpRequest, responder: Responder) -> None:
-        data = [self._model_object(view) for view in sorted(self._fleet.models(), key=lambda v: v.served_name)]
+        try:
+            scope = self._scope(request)
+        except RouterError as e:
+            send_error(responder, e)
+            return
+        views = [v for v in self._fleet.models() if scope is None or v.namespace in scope]
+        data = [self._model_object(view) for view in sorted(views, key=lambda v: v.served_name)]
         send_json(responder, 200, {"object": "list", "data": data})
 
     async def model(self, request: HttpRequest, responder: Responder) -> None:
         """``GET /v1/models/{id}``: the id may hold slashes (``org/name``) and is percent-decoded."""
-        served_name = unquote(request.path.removeprefix(_MODEL_PREFIX))
-        view = self._fleet.view(served_name)
-        if view is None:
-            send_error(responder, ModelNotFoundError(f"model {served_name!r} is not served here"))
+        try:
+            view = self._resolve(unquote(request.path.removeprefix(_MODEL_PREFIX)), self._scope(request))
+        except RouterError as e:
+            send_error(responder, e)
             return
         send_json(responder, 200, self._model_object(view))
 
     def _model_object(self, view: DeploymentView) -> dict[str, Any]:
-        created = self._fleet.created_unix_s(view.served_name)
+        created = self._fleet.created_unix_s(view.key)
         return model_object(view.served_name, created_unix_s=created, root=view.name)
+
+    def _scope(self, request: HttpRequest) -> frozenset[str] | None:
+        """The namespaces this client may reach (its own, from the gateway's header, and the shared
+        ones), or None when client scoping is off. A request without the header is refused: it did
+        not come through the gateway, and guessing a namespace for it would leak or capture traffic."""
+        header = self._settings.client_namespace_header
+        if header is None:
+            return None
+        wanted = header.lower().encode("latin-1")
+        values = [v for n, v in request.raw_headers if n.lower() == wanted]
+        if len(values) != 1:
+            why = "is missing" if not values else "is sent more than once"
+            raise ClientNamespaceError(f"header {header!r} {why}: requests must come through the gateway that sets it")
+        namespace = values[0].decode("latin-1").strip()
+        if not _NAMESPACE.match(namespace):
+            raise ClientNamespaceError(f"header {header!r} does not hold a Kubernetes namespace name")
+        return self._shared | {namespace}
+
+    def _resolve(self, model: str, scope: frozenset[str] | None) -> DeploymentView:
+        """The deployment a request's ``model`` names (``namespace/served-name`` exactly, or a bare served
+        name), when this client may reach it; another namespace's model answers exactly as an unknown one."""
+        view = self._fleet.view(model)
+        if view is None or (scope is not None and view.namespace not in scope):
+            raise ModelNotFoundError(f"model {model!r} is not served here")
+        return view
 
     async def health(self, request: HttpRequest, responder: Responder) -> None:
         send_json(responder, 200, {"status": "ok"})
@@ -183,18 +219,24 @@ class Proxy:
 
     async def inference(self, request: HttpRequest, responder: Responder) -> None:
         started_s = self._clock()
-        model_label = ""  # only known served names become label values
+        model_label = _NO_MODEL  # only known deployments become label values
         code = 500
         try:
             if request.body_too_large:
                 raise PayloadTooLargeError(
                     f"request body is larger than the router's limit of {self._settings.max_body_bytes} bytes"
                 )
-            body, model = parse_body(request.body)
-            block_chars = self._fleet.routing_block_chars(model)
+            body, asked = parse_body(request.body)
+            view = self._resolve(asked, self._scope(request))
+            model = view.key  # exact from here on
+            if asked != view.served_name:
+                # Qualified (namespace/served-name): the engine knows the served name only.
+                body["model"] = view.served_name
+                request.body = json.dumps(body).encode()
+            block_chars = view.routing.prefix_block_chars
             hashes = block_hashes(
                 render_prompt(body),
-                model=model,
+                model=view.served_name,
                 block_chars=block_chars,
                 max_blocks=self._settings.max_prompt_blocks,
             )
@@ -208,18 +250,18 @@ class Proxy:
             # Labelled with the model only once it is headed for a replica: the autoscaler reads this
             # series as the model's arrivals, and a request the router refuses itself (malformed
             # messages) must not wake a deployment from zero or keep it from scaling there.
-            model_label = model
+            model_label = view.labels
             code = await self._forward(request, responder, model, hashes, started_s, body)
         except RouterError as e:
             code = e.status
             if e.status >= 500:
-                log.warning("%s %s: %s", request.path, model_label or "-", e.reason)
+                log.warning("%s %s: %s", request.path, "/".join(model_label) if model_label[0] else "-", e.reason)
             send_error(responder, e)
         except asyncio.CancelledError:
             code = CLIENT_CLOSED
             raise
         finally:
-            self._metrics.requests.inc((model_label, str(code)))
+            self._metrics.requests.inc((*model_label, str(code)))
 
     async def _forward(
         self,
@@ -239,7 +281,7 @@ class Proxy:
             # The common case picks without a coroutine; ``acquire`` holds the request while there is no replica.
             lease = self._fleet.try_acquire(model, hashes, exclude) or await self._fleet.acquire(model, hashes, exclude)
             if attempt:
-                self._metrics.retries.inc((model,))
+                self._metrics.retries.inc(key_labels(model))
                 if lease.replica_id in tried:
                     # Only replicas that just failed are left (one died and the source has not dropped it
                     # yet): back off a little so the retry does not land in the same instant.
@@ -318,7 +360,7 @@ class Proxy:
             lease.release("aborted")
             raise
         lease.release("ok")
-        self._metrics.ttft.observe((model,), self._clock() - started_s)
+        self._metrics.ttft.observe(key_labels(model), self._clock() - started_s)
 
     async def _relay(
         self,
@@ -344,7 +386,7 @@ class Proxy:
             upstream.close()
             lease.release("aborted")
             raise
-        self._metrics.ttft.observe((model,), self._clock() - started_s)
+        self._metrics.ttft.observe(key_labels(model), self._clock() - started_s)
         splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
         # What the client was sent, kept only for a stream that may need continuing elsewhere.
         sent: list[bytes] | None = [] if resume is not None and splitter is not None else None
@@ -429,7 +471,7 @@ class Proxy:
             so_far = progress(b"".join(sent), chat=chat)
             if so_far.done or so_far.finish_reason is not None:
                 # Only the tail (usage, [DONE]) was lost: close the stream as it would have been.
-                self._metrics.migrations.inc((model, "completed_tail"))
+                self._metrics.migrations.inc((*key_labels(model), "completed_tail"))
                 if not so_far.done:
                     await responder.write(b"data: [DONE]\n\n")
                 responder.end()
@@ -437,7 +479,7 @@ class Proxy:
             plan = continuation(resume.request.path, resume.body, so_far)
             if plan.body is None:
                 if plan.remaining_tokens == 0:
-                    self._metrics.migrations.inc((model, "completed_tail"))
+                    self._metrics.migrations.inc((*key_labels(model), "completed_tail"))
                     await responder.write(finish_event(so_far, chat=chat))
                     await responder.write(b"data: [DONE]\n\n")
                     responder.end()
@@ -481,8 +523,8 @@ class Proxy:
                 why = f"{why}; attempt {attempts}: replica {lease.replica_id} answered {upstream.status}"
                 continue
             gap_s = self._clock() - broke_s
-            self._metrics.migration_gap.observe((model,), gap_s)
-            self._metrics.migrations.inc((model, "continued"))
+            self._metrics.migration_gap.observe(key_labels(model), gap_s)
+            self._metrics.migrations.inc((*key_labels(model), "continued"))
             log.info(
                 "stream %s of %s continued on %s after %d chars, %.3f s after the break (%s)",
                 so_far.response_id or "-",
@@ -506,7 +548,7 @@ class Proxy:
                 await responder.write(Splicer(so_far, chat=chat).rewrite(rest))
             responder.end()
             return
-        self._metrics.migrations.inc((model, result))
+        self._metrics.migrations.inc((*key_labels(model), result))
         log.warning("stream of %s could not be continued: %s", model, why)
         await responder.write(error_event(f"the stream broke and could not be continued: {why}"))
         await responder.write(b"data: [DONE]\n\n")

@@ -1,6 +1,6 @@
 """Replica discovery: what deployments exist and which of their replicas may take requests.
 
-A ``ReplicaSource`` pushes whole snapshots (served name -> ``DeploymentView``) into a ``FleetSink``;
+A ``ReplicaSource`` pushes whole snapshots (model key -> ``DeploymentView``) into a ``FleetSink``;
 the fleet diffs them. Whole snapshots keep sources simple and make a missed event impossible: the
 next snapshot is always the full truth. Two sources exist: ``StaticReplicaSource`` (local mode and
 tests drive it with add / remove / mark_draining) and the Kubernetes one in ``kubernetes_source``.
@@ -50,8 +50,61 @@ class DeploymentView:
     routing: RoutingSpec
     endpoints: tuple[Endpoint, ...] = ()
     # When the deployment was created (Unix seconds; the InferenceDeployment's creationTimestamp
-    # where the source knows it): the model object's ``created``. None: the router's first sight.
+    # where the source knows it): the model object's ``created``, and who keeps a served name two
+    # deployments claim (the older). None: the router's first sight.
     created_unix_s: int | None = None
+
+    @property
+    def key(self) -> str:
+        """``namespace/served-name``: the model's identity across the cluster (a namespace has no slash)."""
+        return model_key(self.namespace, self.served_name)
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        """(namespace, served name): the per-model metric labels."""
+        return (self.namespace, self.served_name)
+
+
+def model_key(namespace: str, served_name: str) -> str:
+    return f"{namespace}/{served_name}"
+
+
+def key_labels(key: str) -> tuple[str, str]:
+    """(namespace, served name) of a model key: a namespace holds no slash, a served name may."""
+    namespace, _, served_name = key.partition("/")
+    return (namespace, served_name)
+
+
+@dataclass(frozen=True)
+class NameConflict:
+    """A served name two deployments claim: ``loser`` is not routed; ``winner`` keeps the name."""
+
+    served_name: str
+    winner: tuple[str, str]  # (namespace, name)
+    loser: tuple[str, str]
+
+
+def _claim_order(view: DeploymentView) -> tuple[float, str, str]:
+    # Unknown creation time sorts last: a claimant the source could date is never displaced by one it cannot.
+    created = view.created_unix_s if view.created_unix_s is not None else float("inf")
+    return (created, view.namespace, view.name)
+
+
+def resolve_claims(views: Iterable[DeploymentView]) -> tuple[dict[str, DeploymentView], list[NameConflict]]:
+    """Model key -> view, one per served name: the oldest claimant (creationTimestamp; ties by
+    namespace/name) keeps it, so a newer deployment in an earlier-sorting namespace cannot take its
+    traffic. The others are returned as conflicts and are not routed (pure)."""
+    snapshot: dict[str, DeploymentView] = {}
+    owners: dict[str, DeploymentView] = {}
+    conflicts: list[NameConflict] = []
+    for view in sorted(views, key=_claim_order):
+        owner = owners.get(view.served_name)
+        if owner is not None:
+            conflicts.append(NameConflict(view.served_name, (owner.namespace, owner.name), (view.namespace, view.name)))
+            continue
+        owners[view.served_name] = view
+        snapshot[view.key] = view
+    return snapshot, conflicts
 
 
 Snapshot = Mapping[str, DeploymentView]
@@ -59,7 +112,8 @@ Snapshot = Mapping[str, DeploymentView]
 
 class FleetSink(Protocol):
     def apply(self, snapshot: Snapshot) -> None:
-        """Replace the known deployments and replicas with ``snapshot`` (keyed by served name)."""
+        """Replace the known deployments and replicas with ``snapshot`` (keyed by ``DeploymentView.key``;
+        one view per served name)."""
 
 
 class ReplicaSource(Protocol):
@@ -85,7 +139,7 @@ class StaticReplicaSource:
         self._sink = None
 
     def snapshot(self) -> dict[str, DeploymentView]:
-        return dict(self._deployments)
+        return {view.key: view for view in self._deployments.values()}
 
     def set_deployment(
         self,

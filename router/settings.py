@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvfleet.spec import RoutingSpec
+
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1123 label
 
 
 class RouterSettings(BaseModel):
@@ -248,9 +252,39 @@ class RouterSettings(BaseModel):
     shutdown_timeout_s: float = Field(
         default=60.0, ge=0, le=3600, description="On stop, in-flight requests get this long to finish."
     )
+    client_namespace_header: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9-]+$",
+        description=(
+            "Client scoping (docs/router.md, Namespaces): the request header holding the client's namespace, set "
+            "by the authenticating gateway in front of the router, which must strip any value a client sends. "
+            "When set, every /v1 request must carry it once (else 403) and reaches only models in that namespace "
+            "or in shared_namespaces; another namespace's model answers 404 as an unknown one. None: off, every "
+            "client reaches every model."
+        ),
+    )
+    shared_namespaces: tuple[str, ...] = Field(
+        default=(),
+        max_length=1000,
+        description=(
+            "Namespaces whose models every client reaches when client_namespace_header is set (a platform "
+            "team's shared models). Empty: each client reaches its own namespace's models only."
+        ),
+    )
     default_routing: RoutingSpec = Field(
         default_factory=RoutingSpec, description="Routing for deployments whose source gives none."
     )
+
+    @model_validator(mode="after")
+    def _client_scoping(self) -> RouterSettings:
+        for namespace in self.shared_namespaces:
+            if not _NAMESPACE.match(namespace):
+                raise ValueError(f"shared_namespaces: {namespace!r} is not a Kubernetes namespace name")
+        if self.shared_namespaces and self.client_namespace_header is None:
+            raise ValueError("shared_namespaces: only used with client_namespace_header set (scoping is off)")
+        return self
 
     @model_validator(mode="after")
     def _kv_events(self) -> RouterSettings:

@@ -246,7 +246,8 @@ def lifecycle(
         )
         # The router found the replica through the real EndpointSlice (named by its pod).
         pod = kubectl.json("get", "pods", "-n", namespace, "-l", "kvfleet.io/deployment=life")["items"][0]
-        replica = f'kvfleet_router_inflight{{model="tiny",replica="{pod["metadata"]["name"]}"}}'
+        pod_name = pod["metadata"]["name"]
+        replica = f'kvfleet_router_inflight{{model="tiny",namespace="{namespace}",replica="{pod_name}"}}'
         wait_for(lambda: replica in _metrics(router_port), 30, f"the router to know {replica}")
         kubectl("delete", "infd", "life", "-n", namespace, "--timeout=60s")
         time.sleep(3)  # the router and autoscaler see the deletion

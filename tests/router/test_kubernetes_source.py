@@ -14,7 +14,7 @@ from support.watch_api import WatchApi
 
 from kvfleet.kube.client import KubeClient
 from kvfleet.router.kubernetes_source import KubernetesReplicaSource, build_snapshot, slice_endpoints
-from kvfleet.router.replicas import Snapshot
+from kvfleet.router.replicas import DeploymentView, Snapshot
 
 from .conftest import Backend, running_router, until
 
@@ -69,8 +69,9 @@ class Recorder:
         self.snapshots.append(snapshot)
 
     @property
-    def last(self) -> Snapshot:
-        return self.snapshots[-1]
+    def last(self) -> dict[str, DeploymentView]:
+        """The last snapshot by served name (a snapshot holds one view per served name)."""
+        return {view.served_name: view for view in self.snapshots[-1].values()}
 
 
 @pytest.fixture
@@ -187,9 +188,12 @@ async def test_start_retries_only_what_can_heal(free_port: int, status: int, att
 
 
 def test_snapshot_rules_by_hand() -> None:
+    newer, older = deployment("llama", ns="a"), deployment("llama", ns="b")
+    newer["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
+    older["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
     deployments = {
-        ("a", "llama"): deployment("llama", ns="a"),
-        ("b", "llama"): deployment("llama", ns="b"),  # same served name in another namespace: first wins
+        ("a", "llama"): newer,  # same served name in an earlier-sorting namespace, created later: not routed
+        ("b", "llama"): older,
         ("a", "broken"): {"metadata": {"name": "broken", "namespace": "a"}, "spec": {"model": {"uri": "ftp://x"}}},
     }
     slices = {
@@ -208,9 +212,12 @@ def test_snapshot_rules_by_hand() -> None:
         ("b", "s2"): endpoint_slice("s2", "llama", [endpoint("q0", "10.1.0.1")], ns="b"),
     }
     snapshot = build_snapshot(deployments, slices)
-    assert list(snapshot) == ["llama"]
-    view = snapshot["llama"]
-    assert view.namespace == "a"
+    assert list(snapshot) == ["b/llama"]
+    view = snapshot["b/llama"]
+    assert (view.namespace, view.created_unix_s) == ("b", 1_767_225_600)
+    assert [(e.replica_id, e.url, e.draining) for e in view.endpoints] == [("q0", "http://10.1.0.1:8000", False)]
+    deployments.pop(("b", "llama"))  # the older claimant goes: the other one is routed
+    view = build_snapshot(deployments, slices)["a/llama"]
     assert [(e.replica_id, e.url, e.draining) for e in view.endpoints] == [
         ("p0", "http://10.0.0.1:8000", False),
         ("p2", "http://10.0.0.3:8000", True),

@@ -90,12 +90,12 @@ async def test_router_finds_what_an_engine_cached_through_its_events(
         assert all(h > 2.5 * doc_tokens for h in hits), (hits, doc_tokens)
         async with session.get(router.url + "/metrics") as resp:
             text = await resp.text()
-        assert 'kvfleet_router_kv_event_subscriptions_usable{model="tiny"} 2.0' in text
+        assert 'kvfleet_router_kv_event_subscriptions_usable{model="tiny",namespace="default"} 2.0' in text
 
 
 def test_replica_flag_takes_an_events_port() -> None:
     source = parse_replicas(("tiny=http://10.0.0.1:8000,kv-events-port=5557", "tiny=http://10.0.0.2:8000"), "prefix")
-    endpoints = source.snapshot()["tiny"].endpoints
+    endpoints = source.snapshot()["default/tiny"].endpoints
     assert [e.kv_events_port for e in endpoints] == [5557, None]
     with pytest.raises(click.BadParameter, match="kv-events-port must be a port number"):
         parse_replicas(("tiny=http://10.0.0.1:8000,kv-events-port=x",), "prefix")

@@ -85,7 +85,7 @@ def publishers() -> Iterator[list[Publisher]]:
 
 def counter(fleet: Fleet, name: str, *labels: str) -> float:
     series = getattr(fleet._metrics, name)
-    return float(series.values.get(("m", *labels), 0.0))
+    return float(series.values.get(("default", "m", *labels), 0.0))
 
 
 async def make_fleet(tiny_model: Path, publishers: list[Publisher], **overrides: object) -> Fleet:

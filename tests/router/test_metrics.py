@@ -51,17 +51,18 @@ def test_counter_series_matches_prometheus_client() -> None:
 
 
 def test_forgetting_a_model_drops_its_series_only() -> None:
+    """Two namespaces serve one name: each keeps its own series, and forgetting one leaves the other."""
     metrics = RouterMetrics()
-    for model in ("gone", "kept"):
-        metrics.requests.inc((model, "200"))
-        metrics.ttft.observe((model,), 0.1)
-        metrics.prefix_match.observe((model,), 0.5)
-        metrics.retries.inc((model,))
-    metrics.forget_model("gone")
+    for model in (("gone", "m"), ("kept", "m")):
+        metrics.requests.inc((*model, "200"))
+        metrics.ttft.observe(model, 0.1)
+        metrics.prefix_match.observe(model, 0.5)
+        metrics.retries.inc(model)
+    metrics.forget_model(("gone", "m"))
     text = metrics.render().decode()
-    assert 'model="gone"' not in text
+    assert 'namespace="gone"' not in text
     for name in ("requests_total", "ttft_seconds_count", "prefix_match_ratio_count", "retries_total"):
         assert (
-            f'kvfleet_router_{name}{{model="kept"}} 1.0' in text
-            or f'kvfleet_router_{name}{{code="200",model="kept"}} 1.0' in text
-        )
+            f'kvfleet_router_{name}{{model="m",namespace="kept"}} 1.0' in text
+            or f'kvfleet_router_{name}{{code="200",model="m",namespace="kept"}} 1.0' in text
+        ), name

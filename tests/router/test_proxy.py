@@ -143,10 +143,10 @@ async def test_bad_input_gets_clear_4xx(backends: list[Backend]) -> None:
             assert [m["id"] for m in (await resp.json())["data"]] == ["known"]
         async with session.get(router.url + "/metrics") as resp:
             text = await resp.text()
-        assert 'kvfleet_router_requests_total{code="404",model=""} 1.0' in text
-        assert 'kvfleet_router_requests_total{code="413",model=""} 1.0' in text
+        assert 'kvfleet_router_requests_total{code="404",model="",namespace=""} 1.0' in text
+        assert 'kvfleet_router_requests_total{code="413",model="",namespace=""} 1.0' in text
         # Requests the router refuses itself are not the model's arrivals (the autoscaler reads this series).
-        assert 'kvfleet_router_requests_total{code="400",model=""} 5.0' in text
+        assert 'kvfleet_router_requests_total{code="400",model="",namespace=""} 5.0' in text
         assert 'code="400",model="known"' not in text
 
 
@@ -174,7 +174,7 @@ async def test_activator_holds_requests_at_zero_and_serves_all_when_a_replica_ap
         assert depth_at_wake == [20]
         assert router.fleet.queue_depth("cold") == 0
         async with session.get(router.url + "/metrics") as resp:
-            assert 'kvfleet_router_queue_depth{model="cold"} 0.0' in await resp.text()
+            assert 'kvfleet_router_queue_depth{model="cold",namespace="ns1"} 0.0' in await resp.text()
 
 
 async def test_activator_queue_bounds_429_and_503() -> None:
@@ -232,7 +232,9 @@ async def test_killed_replica_requests_are_retried_elsewhere_and_none_is_lost(
         async with session.get(router.url + "/metrics") as resp:
             text = await resp.text()
         retries = next(
-            line for line in text.splitlines() if line.startswith('kvfleet_router_retries_total{model="kill"}')
+            line
+            for line in text.splitlines()
+            if line.startswith('kvfleet_router_retries_total{model="kill",namespace="default"}')
         )
         assert float(retries.split()[-1]) >= 10
         # Failed attempts, retries and answers each left their counts where they found them.
@@ -327,14 +329,14 @@ async def test_metrics_after_traffic(backends: list[Backend], path: str) -> None
             assert status == 200
         async with session.get(router.url + "/metrics") as resp:
             text = await resp.text()
-    assert 'kvfleet_router_requests_total{code="200",model="metered"} 3.0' in text
-    assert 'kvfleet_router_ttft_seconds_count{model="metered"} 3.0' in text
-    assert 'kvfleet_router_prefix_match_ratio_count{model="metered"} 3.0' in text
+    assert 'kvfleet_router_requests_total{code="200",model="metered",namespace="default"} 3.0' in text
+    assert 'kvfleet_router_ttft_seconds_count{model="metered",namespace="default"} 3.0' in text
+    assert 'kvfleet_router_prefix_match_ratio_count{model="metered",namespace="default"} 3.0' in text
     # The second and third requests were believed fully cached on the replica the first one used.
-    assert 'kvfleet_router_prefix_match_ratio_bucket{le="0.99",model="metered"} 1.0' in text
-    assert 'kvfleet_router_inflight{model="metered",replica="r0"} 0.0' in text
-    assert 'kvfleet_router_awaiting_first_byte{model="metered",replica="r0"} 0.0' in text
-    assert 'kvfleet_router_queue_depth{model="metered"} 0.0' in text
+    assert 'kvfleet_router_prefix_match_ratio_bucket{le="0.99",model="metered",namespace="default"} 1.0' in text
+    assert 'kvfleet_router_inflight{model="metered",namespace="default",replica="r0"} 0.0' in text
+    assert 'kvfleet_router_awaiting_first_byte{model="metered",namespace="default",replica="r0"} 0.0' in text
+    assert 'kvfleet_router_queue_depth{model="metered",namespace="default"} 0.0' in text
 
 
 async def test_silent_replica_times_out_with_504_and_is_not_retried(spawn_backend: Callable[[str], Backend]) -> None:

@@ -123,7 +123,8 @@ async def test_a_replica_killed_mid_stream_is_continued_on_another(engines: list
         broken, victim = await stream(session, router.url, path, request(path, 1), 40, engines)
         usage = check_well_formed(broken, chat)
         metrics = router.metrics.render().decode()
-    assert f'kvfleet_router_stream_migrations_total{{model="{SERVED}",result="continued"}} 1.0' in metrics
+    series = f'kvfleet_router_stream_migrations_total{{model="{SERVED}",namespace="default",result="continued"}}'
+    assert f"{series} 1.0" in metrics
     full, migrated = text_of(unbroken, chat), text_of(broken, chat)
     # The tokens the client got add up to what it asked for (one chunk = one token here, see
     # router/migration.py), and the prompt is counted once.
@@ -146,4 +147,5 @@ async def test_a_stream_that_cannot_be_continued_ends_with_an_error_event_and_do
     assert events[-1] == "[DONE]"
     error = events[-2]["error"]
     assert error["type"] == "upstream_disconnected" and "2 continuation attempts failed" in error["message"]
-    assert f'kvfleet_router_stream_migrations_total{{model="{SERVED}",result="attempts_exhausted"}} 1.0' in metrics
+    exhausted = 'result="attempts_exhausted"'
+    assert f'kvfleet_router_stream_migrations_total{{model="{SERVED}",namespace="default",{exhausted}}} 1.0' in metrics
