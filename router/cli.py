@@ -114,6 +114,18 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     default=None,
     help="Requests held across all models while they have no ready replica; more get 429 [default: 2000].",
 )
+@click.option(
+    "--client-namespace-header",
+    default=None,
+    help="Client scoping: the header (set by the authenticating gateway) naming the client's namespace; "
+    "clients reach only that namespace's models and the shared ones [default: off].",
+)
+@click.option(
+    "--shared-namespace",
+    "shared_namespaces",
+    multiple=True,
+    help="With --client-namespace-header: a namespace whose models every client reaches (repeat).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(
     host: str | None,
@@ -130,6 +142,8 @@ def serve(
     placement: bool | None,
     load_bound_slack_requests: int | None,
     max_held_requests: int | None,
+    client_namespace_header: str | None,
+    shared_namespaces: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve the OpenAI API and route each request to a replica of its model."""
@@ -142,6 +156,8 @@ def serve(
             "placement": placement,
             "load_bound_slack_requests": load_bound_slack_requests,
             "max_held_requests": max_held_requests,
+            "client_namespace_header": client_namespace_header,
+            "shared_namespaces": shared_namespaces or None,
         },
     )
     if kubernetes == bool(replicas):

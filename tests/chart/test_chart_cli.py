@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import helm_python
 import pytest
 
 from kvfleet.autoscaler.settings import AutoscalerSettings
@@ -62,7 +63,10 @@ def build_settings(component: str, params: dict[str, Any]) -> object:
     if component == "router":
         assert params["kubernetes"] and not params["replicas"], "the chart's router discovers replicas in Kubernetes"
         keys = ("host", "port", "placement", "load_bound_slack_requests", "max_held_requests")
-        return load_router_settings(None, {k: params[k] for k in keys})
+        overrides = {k: params[k] for k in keys}
+        overrides["client_namespace_header"] = params["client_namespace_header"]
+        overrides["shared_namespaces"] = params["shared_namespaces"] or None
+        return load_router_settings(None, overrides)
     options = {k: v for k, v in params.items() if k not in ("files", "verbose") and v is not None}
     return AutoscalerSettings(**options)
 
@@ -128,3 +132,31 @@ def test_router_placement_values_reach_its_settings(placement: bool, slack: int,
     assert isinstance(settings, RouterSettings)
     assert (settings.placement, settings.load_bound_slack_requests) == (placement, slack)
     assert settings.max_held_requests == held
+
+
+def test_router_client_scoping_values_reach_its_settings() -> None:
+    values = {"clientNamespaceHeader": "X-Kvfleet-Namespace", "sharedNamespaces": ["platform", "models"]}
+    docs = objects(render({"router": values}))
+    spec = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
+    _, params, _ = parse(spec["spec"]["template"]["spec"]["containers"][0]["args"])
+    settings = build_settings("router", params)
+    assert isinstance(settings, RouterSettings)
+    assert settings.client_namespace_header == "X-Kvfleet-Namespace"
+    assert settings.shared_namespaces == ("platform", "models")
+    # Off by default: no flag, every client reaches every model.
+    default = next(
+        d for d in objects(render({})) if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router")
+    )
+    _, params, _ = parse(default["spec"]["template"]["spec"]["containers"][0]["args"])
+    off = build_settings("router", params)
+    assert isinstance(off, RouterSettings) and off.client_namespace_header is None and off.shared_namespaces == ()
+
+
+def test_shared_namespaces_without_the_header_fail_the_install() -> None:
+    with pytest.raises(
+        helm_python.HelmRenderError,
+        match=re.escape("router.sharedNamespaces is only used with router.clientNamespaceHeader"),
+    ):
+        render({"router": {"sharedNamespaces": ["platform"]}})
+    with pytest.raises(helm_python.HelmValuesError, match="sharedNamespaces"):
+        render({"router": {"clientNamespaceHeader": "X-Ns", "sharedNamespaces": ["Bad_NS"]}})

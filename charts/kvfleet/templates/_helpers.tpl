@@ -108,6 +108,9 @@ Rendered once from templates/validate.yaml.
 {{- if and $r.enabled $r.pdb.enabled (gt (int $r.replicas) 1) (ge (int $r.pdb.minAvailable) (int $r.replicas)) -}}
 {{- $errors = append $errors (printf "router.pdb.minAvailable (%d) must be below router.replicas (%d), or no router could ever be evicted and node drains would hang" (int $r.pdb.minAvailable) (int $r.replicas)) -}}
 {{- end -}}
+{{- if and $r.sharedNamespaces (not $r.clientNamespaceHeader) -}}
+{{- $errors = append $errors "router.sharedNamespaces is only used with router.clientNamespaceHeader set (client scoping is off); set the header or remove the list" -}}
+{{- end -}}
 {{- $sm := .Values.monitoring.serviceMonitors -}}
 {{- if gt (int $sm.scrapeTimeoutSeconds) (int $sm.intervalSeconds) -}}
 {{- $errors = append $errors (printf "monitoring.serviceMonitors.scrapeTimeoutSeconds (%d) must not exceed intervalSeconds (%d)" (int $sm.scrapeTimeoutSeconds) (int $sm.intervalSeconds)) -}}
