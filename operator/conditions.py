@@ -12,6 +12,7 @@ from typing import Any
 
 from kvfleet.status import CONDITION_TYPES, ConditionStatus, ConditionType
 
+from . import claims
 from .pod_health import PodDiagnosis
 from .pull_progress import PullsSeen
 
@@ -72,6 +73,7 @@ class Observed:
     pulls: PullsSeen | None = None  # weight pulls the launchers of not-ready pods report
     model_digest: str | None = None  # the manifest digest the newest Ready pod's launcher served
     policy_violation: str | None = None  # "spec.x: why" when the platform policy refuses the spec
+    name_conflict: str | None = None  # 'served name "x" is already served by ns/name since ...' (claims.py)
 
     @property
     def refusal(self) -> tuple[str, str] | None:
@@ -124,6 +126,16 @@ def _rollout_state(dep: DeploymentObservation, desired: int) -> tuple[bool, str]
 
 def _conditions(obs: Observed) -> list[Cond]:
     dep = obs.deployment
+    if obs.name_conflict is not None:
+        # Not routed whatever its replicas do (the router keeps the name for the older claimant), so
+        # never Ready; nothing is applied until the name is free.
+        held = "children left as they were until the served name is free"
+        return [
+            Cond("Ready", "False", claims.REASON, obs.name_conflict),
+            Cond("Progressing", "False", claims.REASON, held),
+            Cond("Degraded", "True", claims.REASON, obs.name_conflict),
+            Cond("ScaledToZero", "False", claims.REASON, held),
+        ]
     degraded: Cond
     refusal = obs.refusal
     if refusal is not None:

@@ -16,6 +16,8 @@ import kopf
 
 from kvfleet.spec import GROUP, PLURAL, VERSION
 
+from . import claims
+from .claims import Claim
 from .kube import KubeError, Unavailable
 from .reconcile import Outcome, Reconciler
 from .settings import FINALIZER, KOPF_PREFIX, OperatorSettings
@@ -57,6 +59,8 @@ def unsettled(body: dict[str, Any]) -> bool:
     ready, progressing, degraded = (conditions.get(t) or {} for t in ("Ready", "Progressing", "Degraded"))
     if degraded.get("reason") in ("InvalidSpec", "PolicyViolation"):
         return False  # nothing to watch until the spec changes
+    if degraded.get("reason") == claims.REASON:
+        return True  # the older claimant may go or rename at any time: look again soon
     return ready.get("status") != "True" or progressing.get("status") == "True" or degraded.get("status") == "True"
 
 
@@ -65,6 +69,8 @@ def _check(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[Any]
         logger.warning("spec is invalid, children left unchanged: %s", outcome.invalid)
     if outcome.refused and outcome.events:
         logger.warning("spec refused by the platform policy, children left unchanged: %s", outcome.refused)
+    if outcome.conflict and outcome.events:
+        logger.warning("not served, children left unchanged: %s", outcome.conflict)
     if outcome.apply_error:
         logger.warning("apply refused: %s", outcome.apply_error)
     if outcome.applied:
@@ -76,10 +82,21 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
-    async def run(namespace: str | None, name: str, logger: Any) -> None:
+    # Every deployment's claim on its served name, kept by kopf from the watch it runs anyway (no
+    # LIST per reconcile); a handler reads the claimants of one name from it.
+    @kopf.index(*resource, registry=registry, id="served_names")
+    def served_names(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str, Claim] | None:
+        found = claims.claim_of(str(namespace), name, dict(body))
+        return {found[0]: found[1]} if found is not None else None
+
+    async def run(namespace: str | None, name: str, logger: Any, index: kopf.Index[str, Claim]) -> None:
         assert namespace is not None  # InferenceDeployments are namespaced
+
+        def claimants(served: str) -> list[Claim]:
+            return list(index.get(served, ()))
+
         try:
-            _check(await reconciler.reconcile(namespace, name), logger)
+            _check(await reconciler.reconcile(namespace, name, claimants), logger)
         except Unavailable as e:
             raise kopf.TemporaryError(f"API server unavailable: {e}", delay=ours.retry_delay_s) from e
         except KubeError as e:
@@ -88,13 +105,13 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
     @kopf.on.resume(*resource, registry=registry, retries=ours.max_retries)
     @kopf.on.create(*resource, registry=registry, retries=ours.max_retries)
     @kopf.on.update(*resource, registry=registry, retries=ours.max_retries)
-    async def reconcile_change(*, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
-        await run(namespace, name, logger)
+    async def reconcile_change(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
+        await run(namespace, name, logger, kwargs["served_names"])  # the index above, by its name
 
     # Drift: a child deleted or edited by hand, readiness that changed, a launcher that reported.
     @kopf.timer(*resource, registry=registry, interval=ours.resync_interval_s, initial_delay=ours.resync_interval_s)
-    async def resync(*, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
-        await run(namespace, name, logger)
+    async def resync(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
+        await run(namespace, name, logger, kwargs["served_names"])  # the index above, by its name
 
     # While it is not settled (not Ready, progressing or degraded), look every few seconds: pod
     # failures change no object the operator watches, so only a check reads them in time.
@@ -105,13 +122,13 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
         initial_delay=ours.rollout_check_interval_s,
         when=lambda body, **_: unsettled(dict(body)),
     )
-    async def rollout_check(*, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
-        await run(namespace, name, logger)
+    async def rollout_check(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
+        await run(namespace, name, logger, kwargs["served_names"])  # the index above, by its name
 
     # The autoscaler writes status.desiredReplicas; status is not in kopf's diff, so watch events.
     @kopf.on.event(*resource, registry=registry, when=lambda body, **_: reconciler.replicas_stale(dict(body)))
-    async def rescale(*, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
-        await run(namespace, name, logger)
+    async def rescale(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
+        await run(namespace, name, logger, kwargs["served_names"])  # the index above, by its name
 
     @kopf.on.delete(*resource, registry=registry, retries=ours.max_retries)
     async def cleanup(*, body: kopf.Body, namespace: str | None, name: str, logger: Any, **_: Any) -> None:

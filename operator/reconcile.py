@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from kvfleet.served_names import created_unix_s
 from kvfleet.spec import API_VERSION, KIND, PLURAL
 from kvfleet.validation import validate_spec
 
 from . import names
+from .claims import Claim, Claimants, conflict_message, holder
 from .coldstart import ColdStartProbe, LauncherReport
 from .conditions import DeploymentObservation, Observed, plan_status
 from .drift import first_difference
@@ -61,6 +63,7 @@ class Outcome:
     events: list[str] = field(default_factory=list)
     invalid: str | None = None
     refused: str | None = None  # the platform policy's refusal ("spec.x: why")
+    conflict: str | None = None  # the served name is another, older deployment's (claims.py)
     apply_error: str | None = None
     gone: bool = False
 
@@ -126,11 +129,12 @@ class Reconciler:
             self._service_monitors = (now, served)
         return self._service_monitors[1]
 
-    async def reconcile(self, namespace: str, name: str) -> Outcome:
+    async def reconcile(self, namespace: str, name: str, claimants: Claimants | None = None) -> Outcome:
+        """``claimants``: served name -> the deployments claiming it (None: no check, one deployment)."""
         async with self._lock((namespace, name)):
-            return await self._reconcile(namespace, name)
+            return await self._reconcile(namespace, name, claimants)
 
-    async def _reconcile(self, namespace: str, name: str) -> Outcome:
+    async def _reconcile(self, namespace: str, name: str, claimants: Claimants | None) -> Outcome:
         outcome = Outcome()
         # Read the object afresh: a handler's body can lag behind our own last status write, and
         # planning from it would post the same transition twice.
@@ -167,6 +171,29 @@ class Reconciler:
             )
             await self._write_status(body, observed, live_status, outcome)
             return outcome
+
+        if claimants is not None:
+            served = spec.served_name(name)
+            older = holder(served, Claim(namespace, name, created_unix_s(body)), claimants(served))
+            if older is not None:
+                # Like a refused spec: nothing rendered or applied, so no new pods for a name the
+                # router gives to the older claimant.
+                outcome.conflict = conflict_message(served, older)
+                observed = Observed(
+                    generation=generation,
+                    desired_replicas=None,
+                    replica_reason="the served name is another deployment's",
+                    autoscaling=False,
+                    deployment=DeploymentObservation.from_object(deployment_live) if deployment_live else None,
+                    invalid_spec=None,
+                    apply_error=None,
+                    endpoint=self._settings.router_endpoint,
+                    selector=names.selector_string(name),
+                    measured_cold_start_s=None,
+                    name_conflict=outcome.conflict,
+                )
+                await self._write_status(body, observed, live_status, outcome)
+                return outcome
 
         autoscaling = spec.autoscaling_enabled
         decision = decide_replicas(spec, live_status.get("desiredReplicas") if autoscaling else None)

@@ -15,7 +15,6 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -25,6 +24,7 @@ from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.client import KubeClient
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchCollector, WatchSettings
 from kvfleet.router.replicas import DeploymentView, Endpoint, FleetSink, NameConflict, Snapshot, resolve_claims
+from kvfleet.served_names import created_unix_s
 from kvfleet.spec import GROUP, PLURAL, VERSION, InferenceDeploymentSpec, RoutingSpec
 
 log = logging.getLogger(__name__)
@@ -83,17 +83,6 @@ class ServedDeployment:
     served_name: str
     routing: RoutingSpec
     created_unix_s: int | None = None
-
-
-def created_unix_s(obj: Mapping[str, Any]) -> int | None:
-    """``metadata.creationTimestamp`` (RFC 3339, set by the API server) in Unix seconds; None when absent or bad."""
-    stamp = _meta(obj).get("creationTimestamp")
-    if not isinstance(stamp, str):
-        return None
-    try:
-        return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
-    except ValueError:
-        return None
 
 
 def served_deployment(key: ObjectKey, obj: Mapping[str, Any]) -> ServedDeployment | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from kvfleet.served_names import claim_order
 from kvfleet.spec import RoutingSpec
 
 
@@ -85,9 +86,7 @@ class NameConflict:
 
 
 def _claim_order(view: DeploymentView) -> tuple[float, str, str]:
-    # Unknown creation time sorts last: a claimant the source could date is never displaced by one it cannot.
-    created = view.created_unix_s if view.created_unix_s is not None else float("inf")
-    return (created, view.namespace, view.name)
+    return claim_order(view.created_unix_s, view.namespace, view.name)
 
 
 def resolve_claims(views: Iterable[DeploymentView]) -> tuple[dict[str, DeploymentView], list[NameConflict]]:

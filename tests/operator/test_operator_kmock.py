@@ -545,3 +545,60 @@ async def test_cli_runs_the_operator_with_kubeconfig_and_health(cluster: Cluster
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+def claimant(namespace: str, created: str) -> dict[str, Any]:
+    doc = tiny()
+    doc["metadata"].update(namespace=namespace, creationTimestamp=created)
+    return doc
+
+
+async def test_newer_claimant_of_a_served_name_is_refused_and_recovers_when_it_is_free(cluster: Cluster) -> None:
+    """ "aaa" sorts first but claims "tiny" a day later than "zzz": it gets Ready=False ServedNameConflict
+    naming zzz/tiny, a Warning Event and no pods; once zzz/tiny is deleted it takes the name by itself."""
+    running = await start_operator(cluster, operator_settings(rollout_check_interval_s=0.5))
+    try:
+        await cluster.create_infd(claimant("zzz", "2026-01-01T00:00:00Z"))
+        await eventually(lambda: cluster.get(DEPLOYMENTS, "zzz", "tiny-engine"), what="the older claimant's pods")
+        await cluster.create_infd(claimant("aaa", "2026-01-02T00:00:00Z"))
+        newer = await eventually(
+            lambda: (o := cluster.get(INFD, "aaa", "tiny")) and condition(o, "Ready") and o, what="the newer's status"
+        )
+        ready = condition(newer, "Ready")
+        assert ready is not None and (ready["status"], ready["reason"]) == ("False", "ServedNameConflict")
+        assert ready["message"] == 'served name "tiny" is already served by zzz/tiny since 2026-01-01T00:00:00Z'
+        warnings = await eventually(
+            lambda: [
+                e
+                for e in events_for(cluster, "tiny")
+                if e["involvedObject"].get("namespace") == "aaa" and e["reason"] == "ServedNameConflict"
+            ],
+            what="a ServedNameConflict event",
+        )
+        assert [e["type"] for e in warnings] == ["Warning"]
+        assert 'served name "tiny" is already served by zzz/tiny' in warnings[0]["message"]
+        await _sleep(running.settings.rollout_check_interval_s * 3)
+        assert cluster.get(DEPLOYMENTS, "aaa", "tiny-engine") is None  # no pods for a name it does not hold
+        older = cluster.get(INFD, "zzz", "tiny")
+        assert (condition(older, "Degraded") or {}).get("reason") != "ServedNameConflict"
+
+        loop = asyncio.get_running_loop()
+        await cluster.delete("/apis/kvfleet.io/v1alpha1/namespaces/zzz/inferencedeployments/tiny")
+        await eventually(lambda: cluster.get(INFD, "zzz", "tiny") is None, what="the older claimant to go")
+        gone_s = loop.time()
+        await eventually(lambda: cluster.get(DEPLOYMENTS, "aaa", "tiny-engine"), what="the newer's pods")
+        recovered = await eventually(
+            lambda: (
+                (o := cluster.get(INFD, "aaa", "tiny"))
+                and (condition(o, "Degraded") or {}).get("reason") != "ServedNameConflict"
+                and o
+            ),
+            what="the conflict to clear",
+        )
+        took_s = loop.time() - gone_s
+        # The rollout check looks again every rollout_check_interval_s while the conflict stands.
+        assert took_s < running.settings.rollout_check_interval_s + 2.0, took_s
+        print(f"recovered {took_s:.2f} s after the older claimant was deleted")
+        assert (condition(recovered, "Ready") or {}).get("reason") != "ServedNameConflict"
+    finally:
+        await stop_operator(running)
