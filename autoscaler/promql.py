@@ -1,23 +1,28 @@
 """The PromQL the Prometheus source runs for each deployment, in one place.
 
-Engines are selected by ``model_name`` (vLLM's label, which the reference engine copies) and the
-router by ``model`` (its served-name label); both are the deployment's served name. GPU
-utilization comes from NVIDIA's DCGM exporter, whose pods carry the Kubernetes ``namespace`` and
-``pod`` labels of the GPU's consumer; engine pods are named ``<name>-engine-...``.
+Every selector names the deployment's namespace and its served name, so two namespaces serving one
+name never mix. Engines are selected by ``namespace`` (the Prometheus Operator's target label: the
+operator's ServiceMonitor for a deployment's engines lives in its namespace) and ``model_name``
+(vLLM's label, which the reference engine copies). The router is selected by its own ``namespace``
+and ``model`` labels (the deployment's namespace and served name; the chart's router
+ServiceMonitor sets honorLabels so Prometheus keeps them instead of the router pod's namespace).
+GPU utilization comes from NVIDIA's DCGM exporter, whose pods carry the Kubernetes ``namespace``
+and ``pod`` labels of the GPU's consumer; engine pods are named ``<name>-engine-...``.
 
-Per signal (``{m}`` served name, ``{ns}`` namespace, ``{pod}`` pod-name regex, ``{rate}`` window):
+Per signal (``{m}`` served name, ``{ns}`` namespace, ``{pod}`` pod-name regex, ``{rate}`` window;
+``E`` is ``namespace="{ns}",model_name="{m}"`` and ``R`` is ``namespace="{ns}",model="{m}"``):
 
-- engine_concurrency: ``sum({__name__=~"vllm:num_requests_(running|waiting)",model_name="{m}"})``
-- router_in_flight: ``sum(kvfleet_router_inflight{model="{m}"})``
-- queue_depth: ``sum(kvfleet_router_queue_depth{model="{m}"})``
-- arrival_rate_rps: ``sum(rate(kvfleet_router_requests_total{model="{m}"}[{rate}]))``
-- kv_cache_utilization: ``avg(vllm:kv_cache_usage_perc{model_name="{m}"})``
+- engine_concurrency: ``sum({__name__=~"vllm:num_requests_(running|waiting)",E})``
+- router_in_flight: ``sum(kvfleet_router_inflight{R})``
+- queue_depth: ``sum(kvfleet_router_queue_depth{R})``
+- arrival_rate_rps: ``sum(rate(kvfleet_router_requests_total{R}[{rate}]))``
+- kv_cache_utilization: ``avg(vllm:kv_cache_usage_perc{E})``
 - gpu_utilization: ``avg(DCGM_FI_DEV_GPU_UTIL{namespace="{ns}",pod=~"{pod}"}) / 100``
 - ttft_p90_s: ``histogram_quantile(0.9, sum by (le)
-  (rate(vllm:time_to_first_token_seconds_bucket{model_name="{m}"}[{rate}])))``
-- engine_sample_at_s: ``max(timestamp(vllm:num_requests_running{model_name="{m}"}))``
-- router_sample_at_s: ``max(timestamp(kvfleet_router_queue_depth{model="{m}"})
-  or timestamp(kvfleet_router_inflight{model="{m}"}))``
+  (rate(vllm:time_to_first_token_seconds_bucket{E}[{rate}])))``
+- engine_sample_at_s: ``max(timestamp(vllm:num_requests_running{E}))``
+- router_sample_at_s: ``max(timestamp(kvfleet_router_queue_depth{R})
+  or timestamp(kvfleet_router_inflight{R}))``
 
 The two ``timestamp`` queries give the time of the newest sample (an instant query answers at the
 evaluation time, up to 5 minutes after the last sample, so its own time says nothing about age).
@@ -74,21 +79,21 @@ def deployment_queries(
         # A DNS-1035 label has no regex metacharacters, so it goes into the pod regex as is.
         raise ValueError(f"{name!r} is not a valid InferenceDeployment name")
     pod = f"{name}-engine-.*"
-    engines = f'{{__name__=~"{n.engine_running_waiting_regex}",model_name="{m}"}}'
-    router_q = f'{n.router_queue_depth}{{model="{m}"}}'
-    router_i = f'{n.router_inflight}{{model="{m}"}}'
+    e = f'namespace="{ns}",model_name="{m}"'
+    r = f'namespace="{ns}",model="{m}"'
+    engines = f'{{__name__=~"{n.engine_running_waiting_regex}",{e}}}'
+    router_q = f"{n.router_queue_depth}{{{r}}}"
+    router_i = f"{n.router_inflight}{{{r}}}"
     return {
         "engine_concurrency": f"sum({engines})",
         "router_in_flight": f"sum({router_i})",
         "queue_depth": f"sum({router_q})",
-        "arrival_rate_rps": f'sum(rate({n.router_requests_total}{{model="{m}"}}[{rate_window}]))',
-        "kv_cache_utilization": f'avg({n.kv_cache_usage}{{model_name="{m}"}})',
+        "arrival_rate_rps": f"sum(rate({n.router_requests_total}{{{r}}}[{rate_window}]))",
+        "kv_cache_utilization": f"avg({n.kv_cache_usage}{{{e}}})",
         "gpu_utilization": f'avg({n.gpu_utilization_percent}{{namespace="{ns}",pod=~"{pod}"}}) / 100',
-        "ttft_p90_s": (
-            f'histogram_quantile(0.9, sum by (le) (rate({n.ttft_bucket}{{model_name="{m}"}}[{rate_window}])))'
-        ),
+        "ttft_p90_s": f"histogram_quantile(0.9, sum by (le) (rate({n.ttft_bucket}{{{e}}}[{rate_window}])))",
         # timestamp() drops the metric name, so one metric per timestamp() (running and waiting
         # of one engine would otherwise collide into one label set).
-        "engine_sample_at_s": f'max(timestamp({n.engine_running}{{model_name="{m}"}}))',
+        "engine_sample_at_s": f"max(timestamp({n.engine_running}{{{e}}}))",
         "router_sample_at_s": f"max(timestamp({router_q}) or timestamp({router_i}))",
     }

@@ -136,7 +136,9 @@ class ScrapeSource:
         in_flight = queue = requests_total = None
         if router_text is not None:
             for s in _samples(router_text):
-                if s.labels.get("model") != model:
+                # The router labels per-model series with the deployment's namespace too: another
+                # namespace's deployment of the same served name is not this one.
+                if s.labels.get("model") != model or s.labels.get("namespace", target.namespace) != target.namespace:
                     continue
                 if s.name == names.router_inflight:
                     in_flight = (in_flight or 0.0) + s.value

@@ -86,9 +86,10 @@ def metrics_endpoint() -> Iterator[MetricsEndpoint]:
         buckets=(0.1, 0.25, 0.5, 1.0, 2.5),
         registry=registry,
     )
-    queue = Gauge("kvfleet_router_queue_depth", "queue", ["model"], registry=registry)
-    inflight = Gauge("kvfleet_router_inflight", "inflight", ["model", "replica"], registry=registry)
-    requests = Counter("kvfleet_router_requests", "requests", ["model", "code"], registry=registry)
+    # The router's labels (namespace: the deployment's); engines get theirs from the scrape target.
+    queue = Gauge("kvfleet_router_queue_depth", "queue", ["namespace", "model"], registry=registry)
+    inflight = Gauge("kvfleet_router_inflight", "inflight", ["namespace", "model", "replica"], registry=registry)
+    requests = Counter("kvfleet_router_requests", "requests", ["namespace", "model", "code"], registry=registry)
     port = pick_free_port()
     server, thread = serve_text_format(registry, port)
     endpoint = MetricsEndpoint(
@@ -116,15 +117,25 @@ class PrometheusServer:
                 self.process.wait(timeout=10)
 
 
-def start_prometheus(tmp_path: Path, scrape_port: int) -> PrometheusServer:
+def scrape_job(job: str, port: int, namespace: str, *, honor_labels: bool) -> str:
+    """One scrape job as the Prometheus Operator writes it for a ServiceMonitor: the target's
+    ``namespace`` label, and honor_labels where the ServiceMonitor sets honorLabels (the router's)."""
+    return (
+        f"  - job_name: {job}\n    honor_labels: {str(honor_labels).lower()}\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{port}']\n        labels: {{namespace: {namespace}}}\n"
+    )
+
+
+def start_prometheus(tmp_path: Path, scrape_port: int, jobs: str | None = None) -> PrometheusServer:
+    """Prometheus scraping every second: ``jobs`` (scrape_job lines), or the one endpoint of a
+    deployment in namespace default that serves both engine and router series."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("the prometheus binary is missing: run scripts/bootstrap (Debian package 'prometheus')")
     config = tmp_path / "prometheus.yml"
     config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: kvfleet\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{scrape_port}']\n"
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+        + (jobs or scrape_job("kvfleet", scrape_port, "default", honor_labels=True))
     )
     port = pick_free_port()
     log = (tmp_path / "prometheus.log").open("wb")

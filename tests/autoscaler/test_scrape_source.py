@@ -22,8 +22,8 @@ async def test_scrape_sums_rates_and_quantiles(metrics_endpoint: MetricsEndpoint
     m.waiting.labels(MODEL).set(2)
     m.running.labels("other").set(100)
     m.kv.labels(MODEL).set(0.25)
-    m.inflight.labels(MODEL, "r1").set(6)
-    m.requests.labels(MODEL, "200").inc(100)
+    m.inflight.labels("default", MODEL, "r1").set(6)
+    m.requests.labels("default", MODEL, "200").inc(100)
     source = ScrapeSource(ScrapeSourceSettings(router_url=m.url))
     try:
         first = await source.observe(target(m.url), now_s=1000.0)
@@ -32,11 +32,11 @@ async def test_scrape_sums_rates_and_quantiles(metrics_endpoint: MetricsEndpoint
         assert first.kv_cache_utilization == 0.25
         assert first.arrival_rate_rps == 0.0  # no previous scrape to take a rate from
         # 30 more requests in 10 s (the clock is injected): 3 req/s. 10 first tokens at 0.3 s.
-        m.requests.labels(MODEL, "200").inc(20)
-        m.requests.labels(MODEL, "429").inc(10)
+        m.requests.labels("default", MODEL, "200").inc(20)
+        m.requests.labels("default", MODEL, "429").inc(10)
         for _ in range(10):
             m.ttft.labels(MODEL).observe(0.3)
-        m.queue.labels(MODEL).set(4)
+        m.queue.labels("default", MODEL).set(4)
         second = await source.observe(target(m.url), now_s=1010.0)
         assert second.arrival_rate_rps == pytest.approx(3.0)
         assert second.ttft_p90_s == pytest.approx(0.475)  # 0.25 + (0.5 - 0.25) x 9/10
@@ -59,10 +59,10 @@ async def test_counter_reset_counts_from_zero(metrics_endpoint: MetricsEndpoint)
     m = metrics_endpoint
     source = ScrapeSource(ScrapeSourceSettings(router_url=m.url))
     try:
-        m.requests.labels(MODEL, "200").inc(50)
+        m.requests.labels("default", MODEL, "200").inc(50)
         await source.observe(target(m.url), now_s=0.0)
         m.requests.clear()  # the router restarted: its counter starts again
-        m.requests.labels(MODEL, "200").inc(8)
+        m.requests.labels("default", MODEL, "200").inc(8)
         o = await source.observe(target(m.url), now_s=4.0)
         assert o.arrival_rate_rps == pytest.approx(2.0)
     finally:

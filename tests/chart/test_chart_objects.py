@@ -10,7 +10,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from .conftest import CI_VALUES
+from .conftest import CI_VALUES, objects, render
 
 Render = Callable[[Path], list[dict[str, Any]]]
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion; ValidatingAdmissionPolicy v1 is GA
@@ -58,6 +58,7 @@ MONITORING_SCHEMAS: dict[str, dict[str, Any]] = {
                                 "path": _STR,
                                 "interval": _DURATION,
                                 "scrapeTimeout": _DURATION,
+                                "honorLabels": {"type": "boolean"},
                                 "relabelings": {
                                     "type": "array",
                                     "items": {
@@ -209,3 +210,12 @@ def test_only_the_operator_touches_workloads(render_ci: Render) -> None:
             "router": set(),
         }[component]
         assert written == expected, component
+
+
+def test_router_service_monitor_keeps_the_models_namespace_label() -> None:
+    """The router labels per-model series with each deployment's namespace: its ServiceMonitor honors
+    the scraped labels (else Prometheus renames them exported_namespace); the autoscaler's does not."""
+    docs = objects(render({"monitoring": {"serviceMonitors": {"enabled": True}}}))
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    honor = {name.rsplit("-", 1)[-1]: m["spec"]["endpoints"][0].get("honorLabels") for name, m in monitors.items()}
+    assert honor == {"router": True, "autoscaler": None}
