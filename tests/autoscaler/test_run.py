@@ -50,7 +50,7 @@ async def test_kubernetes_mode_scales_wakes_and_leads(
     kube.add_deployment("idle", IDLE_SPEC, status={"replicas": 0, "readyReplicas": 0, "desiredReplicas": 0})
     metrics_endpoint.running.labels(MODEL).set(25)
     metrics_endpoint.waiting.labels(MODEL).set(7)  # 32 in flight / 16 per replica -> 2
-    metrics_endpoint.queue.labels(MODEL).set(0)
+    metrics_endpoint.queue.labels("default", MODEL).set(0)
     settings = AutoscalerSettings(
         mode="kubernetes",
         prometheus_url=prometheus.url,

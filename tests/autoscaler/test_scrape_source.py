@@ -24,6 +24,10 @@ async def test_scrape_sums_rates_and_quantiles(metrics_endpoint: MetricsEndpoint
     m.kv.labels(MODEL).set(0.25)
     m.inflight.labels("default", MODEL, "r1").set(6)
     m.requests.labels("default", MODEL, "200").inc(100)
+    # Another namespace's deployment of the same served name, on the same router: not counted.
+    m.inflight.labels("team-b", MODEL, "b1").set(50)
+    m.queue.labels("team-b", MODEL).set(9)
+    m.requests.labels("team-b", MODEL, "200").inc(1000)
     source = ScrapeSource(ScrapeSourceSettings(router_url=m.url))
     try:
         first = await source.observe(target(m.url), now_s=1000.0)
@@ -34,6 +38,7 @@ async def test_scrape_sums_rates_and_quantiles(metrics_endpoint: MetricsEndpoint
         # 30 more requests in 10 s (the clock is injected): 3 req/s. 10 first tokens at 0.3 s.
         m.requests.labels("default", MODEL, "200").inc(20)
         m.requests.labels("default", MODEL, "429").inc(10)
+        m.requests.labels("team-b", MODEL, "200").inc(500)
         for _ in range(10):
             m.ttft.labels(MODEL).observe(0.3)
         m.queue.labels("default", MODEL).set(4)
