@@ -313,3 +313,27 @@ def test_progressing_says_how_far_the_pull_is_without_a_new_reason() -> None:
     done = dep(spec_replicas=1, replicas=1, updated_replicas=1, ready_replicas=1)
     settled = plan_status(observed(done, desired=1, pulls=PullsSeen(1, later)), None, T0)
     assert "pulling" not in str(settled.status["conditions"])
+
+
+def test_the_older_claim_keeps_a_served_name_and_the_newer_is_never_ready() -> None:
+    from kvfleet.operator.claims import Claim, claim_of, conflict_message, holder
+
+    older, newer = Claim("zzz", "tiny", 1_767_225_600), Claim("aaa", "tiny", 1_767_225_601)
+    assert holder("tiny", newer, [older, newer]) == older  # "aaa" sorts first but is a second younger
+    assert holder("tiny", older, [older, newer]) is None
+    assert holder("tiny", older, []) is None
+    assert holder("tiny", Claim("b", "x", 5), [Claim("a", "y", 5)]) == Claim("a", "y", 5)  # same second: namespace
+    assert holder("tiny", Claim("a", "x", None), [Claim("b", "y", 9)]) == Claim("b", "y", 9)  # undated sorts last
+    message = conflict_message("tiny", older)
+    assert message == 'served name "tiny" is already served by zzz/tiny since 2026-01-01T00:00:00Z'
+    body = {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"model": {"uri": "s3://models/tiny"}}}
+    assert claim_of("zzz", "tiny", body) == ("tiny", older)  # no servedName: the object's name
+    assert claim_of("zzz", "bad", {"spec": {"model": {"uri": "ftp://x"}}}) is None  # an invalid spec serves nothing
+    # Ready replicas or not, a deployment that does not hold its name is not Ready, and Degraded says why.
+    for deployment in (None, dep(replicas=2, ready_replicas=2, updated_replicas=2, available_replicas=2)):
+        plan = plan_status(observed(deployment, desired=None, name_conflict=message), None, T0)
+        got = conds(plan.status)
+        assert got["Ready"] == ("False", "ServedNameConflict") and got["Degraded"] == ("True", "ServedNameConflict")
+        assert [(t.event_type, t.condition.type, t.condition.message) for t in plan.transitions] == [
+            ("Warning", "Degraded", message)
+        ]
