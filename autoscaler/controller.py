@@ -109,7 +109,7 @@ class Controller:
         self._written.pop(key, None)
         self._failing.discard(key)
         if gone is not None:
-            self.metrics.forget(gone.target.served_name)
+            self.metrics.forget(gone.target.namespace, gone.target.served_name)
 
     async def tick(self, wakes: set[tuple[str, str]] | None = None, only_woken: bool = False) -> list[Decision]:
         """Decide for every deployment (or only the woken ones) and apply what changed."""
@@ -152,10 +152,11 @@ class Controller:
         decision = decide(observation, state, scaled.spec, now, self.policy)
         self._states[key] = decision.state
         self._log_staleness(key, state, decision)
-        self.metrics.desired_replicas.labels(model).set(decision.desired_replicas)
-        self.metrics.max_replicas.labels(model).set(scaled.spec.max_replicas)
-        self.metrics.decisions.labels(model, decision.reason).inc()
-        self.metrics.metrics_stale.labels(model).set(1 if decision.state.stale_since_s is not None else 0)
+        labels = (scaled.target.namespace, model)
+        self.metrics.desired_replicas.labels(*labels).set(decision.desired_replicas)
+        self.metrics.max_replicas.labels(*labels).set(scaled.spec.max_replicas)
+        self.metrics.decisions.labels(*labels, decision.reason).inc()
+        self.metrics.metrics_stale.labels(*labels).set(1 if decision.state.stale_since_s is not None else 0)
 
         written = self._written.get(key)
         before = written.desired if written is not None else scaled.status_desired

@@ -1,6 +1,7 @@
 """The autoscaler's own Prometheus metrics, in a registry per autoscaler instance.
 
-``model`` is the deployment's served name (the label the router uses too).
+``namespace`` and ``model`` are the deployment's namespace and served name (the labels the router
+uses too), so two namespaces' deployments of one served name never share a series.
 """
 
 from __future__ import annotations
@@ -16,25 +17,25 @@ class AutoscalerMetrics:
         self.desired_replicas = Gauge(
             "kvfleet_autoscaler_desired_replicas",
             "Replica count the autoscaler decided.",
-            ["model"],
+            ["namespace", "model"],
             registry=self.registry,
         )
         self.max_replicas = Gauge(
             "kvfleet_autoscaler_max_replicas",
             "The deployment's autoscaling.maxReplicas (alerts compare the desired count with it).",
-            ["model"],
+            ["namespace", "model"],
             registry=self.registry,
         )
         self.decisions = Counter(
             "kvfleet_autoscaler_decisions",
             "Decisions by reason (steady, scale_up, scale_down, metrics_stale, ...).",
-            ["model", "reason"],
+            ["namespace", "model", "reason"],
             registry=self.registry,
         )
         self.metrics_stale = Gauge(
             "kvfleet_autoscaler_metrics_stale",
             "1 while the deployment's metrics are missing or stale and its count is held.",
-            ["model"],
+            ["namespace", "model"],
             registry=self.registry,
         )
         self.is_leader = Gauge(
@@ -43,11 +44,11 @@ class AutoscalerMetrics:
             registry=self.registry,
         )
 
-    def forget(self, model: str) -> None:
+    def forget(self, namespace: str, model: str) -> None:
         """Drop a deleted deployment's series (a bounded label set)."""
         for gauge in (self.desired_replicas, self.max_replicas, self.metrics_stale):
             with contextlib.suppress(KeyError):
-                gauge.remove(model)
+                gauge.remove(namespace, model)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

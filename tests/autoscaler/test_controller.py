@@ -85,11 +85,11 @@ async def test_applies_only_changes_and_exports_metrics() -> None:
     assert actuator.commands["default/chat"] is command  # same count: not written again
     assert applied == 1
     text = controller.metrics.render().decode()
-    assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat"} 4.0' in text
-    assert 'kvfleet_autoscaler_max_replicas{model="tiny-chat"} 8.0' in text
-    assert 'kvfleet_autoscaler_decisions_total{model="tiny-chat",reason="scale_up"} 1.0' in text
-    assert 'kvfleet_autoscaler_decisions_total{model="tiny-chat",reason="steady"} 3.0' in text
-    assert 'kvfleet_autoscaler_metrics_stale{model="tiny-chat"} 0.0' in text
+    assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat",namespace="default"} 4.0' in text
+    assert 'kvfleet_autoscaler_max_replicas{model="tiny-chat",namespace="default"} 8.0' in text
+    assert 'kvfleet_autoscaler_decisions_total{model="tiny-chat",namespace="default",reason="scale_up"} 1.0' in text
+    assert 'kvfleet_autoscaler_decisions_total{model="tiny-chat",namespace="default",reason="steady"} 3.0' in text
+    assert 'kvfleet_autoscaler_metrics_stale{model="tiny-chat",namespace="default"} 0.0' in text
     assert first_time.timestamp() == 1_000_000.0
 
 
@@ -109,14 +109,16 @@ async def test_stale_metrics_hold_log_once_and_export(caplog: pytest.LogCaptureF
     written = actuator.commands.get("default/chat")  # at most a refreshed reason, never another count
     assert written is None or written.desired_replicas == 3
     text = controller.metrics.render().decode()
-    assert 'kvfleet_autoscaler_decisions_total{model="tiny-chat",reason="metrics_stale"} 5.0' in text
+    stale = 'kvfleet_autoscaler_decisions_total{model="tiny-chat",namespace="default",reason="metrics_stale"}'
+    assert f"{stale} 5.0" in text
 
 
 async def test_stale_gauge_is_one_during_the_episode() -> None:
     controller, source, _, _, _ = make()
     source.error = "down"
     await controller.tick()
-    assert 'kvfleet_autoscaler_metrics_stale{model="tiny-chat"} 1.0' in controller.metrics.render().decode()
+    rendered = controller.metrics.render().decode()
+    assert 'kvfleet_autoscaler_metrics_stale{model="tiny-chat",namespace="default"} 1.0' in rendered
 
 
 async def test_standby_replica_does_not_act() -> None:
@@ -196,8 +198,8 @@ async def test_deleted_deployment_is_forgotten() -> None:
     deployments.items = []
     await controller.tick()
     text = controller.metrics.render().decode()
-    assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat"}' not in text
-    assert 'kvfleet_autoscaler_max_replicas{model="tiny-chat"}' not in text
+    assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat",namespace="default"}' not in text
+    assert 'kvfleet_autoscaler_max_replicas{model="tiny-chat",namespace="default"}' not in text
 
 
 def test_controller_settings_bounds() -> None:

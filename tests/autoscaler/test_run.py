@@ -91,8 +91,8 @@ async def test_kubernetes_mode_scales_wakes_and_leads(
             assert kube.deployment("idle")["status"]["scaleReason"].startswith("wake: router wake signal")
             async with http.get(f"{base}/metrics") as r:
                 text = await r.text()
-        assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat"} 2.0' in text
-        assert 'kvfleet_autoscaler_decisions_total{model="idle-model",reason="wake"} 1.0' in text
+        assert 'kvfleet_autoscaler_desired_replicas{model="tiny-chat",namespace="default"} 2.0' in text
+        assert 'kvfleet_autoscaler_decisions_total{model="idle-model",namespace="default",reason="wake"} 1.0' in text
         assert "kvfleet_autoscaler_is_leader 1.0" in text
         # Watched, not listed per tick: one LIST for the whole run.
         assert 'kvfleet_autoscaler_kube_watch_total{event="lists",resource="inferencedeployments"} 1.0' in text
@@ -144,7 +144,7 @@ def test_cli_local_mode(tmp_path: Path, metrics_endpoint: MetricsEndpoint, repo_
         while True:
             with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
                 text = response.read().decode()
-            if f'kvfleet_autoscaler_desired_replicas{{model="{MODEL}"}} 1.0' in text:
+            if f'kvfleet_autoscaler_desired_replicas{{model="{MODEL}",namespace="default"}} 1.0' in text:
                 break
             assert time.monotonic() < deadline, text
             time.sleep(0.05)

@@ -214,8 +214,8 @@ def test_only_the_operator_touches_workloads(render_ci: Render) -> None:
 
 def test_router_service_monitor_keeps_the_models_namespace_label() -> None:
     """The router labels per-model series with each deployment's namespace: its ServiceMonitor honors
-    the scraped labels (else Prometheus renames them exported_namespace); the autoscaler's does not."""
+    the scraped labels (else Prometheus renames them exported_namespace), and so does the autoscaler's."""
     docs = objects(render({"monitoring": {"serviceMonitors": {"enabled": True}}}))
     monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
     honor = {name.rsplit("-", 1)[-1]: m["spec"]["endpoints"][0].get("honorLabels") for name, m in monitors.items()}
-    assert honor == {"router": True, "autoscaler": None}
+    assert honor == {"router": True, "autoscaler": True}
