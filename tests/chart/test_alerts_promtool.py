@@ -136,6 +136,23 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
             fires("12m", "KvfleetKVCacheSaturated", {"severity": "warning", "namespace": "team-a", "model": "llama"}),
         ],
     ),
+    # team-a's llama serves; team-b's deployment of the same served name has no engine. Joined by
+    # model alone, team-a's engines would hide team-b's outage.
+    "one namespace's engines do not hide another's outage of the same served name": (
+        [
+            {"series": 'kvfleet_autoscaler_desired_replicas{namespace="team-a", model="llama"}', "values": "2x15"},
+            {"series": 'kvfleet_autoscaler_desired_replicas{namespace="team-b", model="llama"}', "values": "1x15"},
+            {
+                "series": 'vllm:num_requests_running{namespace="team-a", model_name="llama", pod="llama-0"}',
+                "values": "0x15",
+            },
+        ],
+        [
+            fires(
+                "12m", "KvfleetDeploymentNotReady", {"severity": "critical", "namespace": "team-b", "model": "llama"}
+            ),
+        ],
+    ),
 }
 
 

@@ -242,9 +242,15 @@ def test_every_expression_returns_data(tmp_path: Path) -> None:
     ]
     for config in scrape:
         if config["job_name"].startswith("kvfleet-"):
+            # The chart's ServiceMonitors: the pods' namespace as a target label, and honorLabels so the
+            # router's and the autoscaler's per-model `namespace` (the deployment's) wins over it.
+            config["honor_labels"] = True
             config["static_configs"][0]["labels"] = {"namespace": "kvfleet-system"}
             down = {"targets": [f"127.0.0.1:{dead_port()}"], "labels": {"namespace": DOWN_NAMESPACE}}
             config["static_configs"].append(down)
+        else:
+            # The operator's ServiceMonitor for a deployment's engines lives in its namespace.
+            config["static_configs"][0]["labels"] = {"namespace": "default"}
     held: list[socket.socket] = []
     with (
         hung_listener() as hung_port,
