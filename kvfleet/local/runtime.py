@@ -319,8 +319,13 @@ class LocalRuntime:
     def _targets_changed(self) -> None:
         if self.prometheus is None:
             return
+        # namespace: the deployment's, as the operator's ServiceMonitor gives engines in a cluster; the
+        # autoscaler's PromQL selects engines by it with the served name.
         targets = [
-            ScrapeTarget(r.url.removeprefix("http://"), {"deployment": name, "replica": r.replica_id})
+            ScrapeTarget(
+                r.url.removeprefix("http://"),
+                {"namespace": run.deployment.namespace, "deployment": name, "replica": r.replica_id},
+            )
             for name, run in self.runs.items()
             for r in run.processes.replicas.values()
             if r.state != "starting"
