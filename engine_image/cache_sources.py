@@ -89,7 +89,9 @@ class CacheWeights:
     def pull(self, launch: LaunchSpec, progress: TransferProgress) -> PulledWeights:
         spec = launch.spec
         location = weights_location(spec)
-        settings = self._settings or PullSettings(allow_pickle=spec.model.allow_pickle)
+        settings = self._settings or PullSettings(
+            allow_pickle=spec.model.allow_pickle, verify_on_hit=spec.cache.node_cache.verify_on_hit
+        )
         try:
             pulled = pull_model(
                 location,

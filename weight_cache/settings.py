@@ -60,7 +60,8 @@ class PullSettings(_Settings):
     retry_backoff_max_s: float = Field(default=10.0, ge=0, le=600)
     allow_pickle: bool = Field(default=False, description="Accept pickle-based weights (.bin/.pt/.pth).")
     # What a node-cache hit checks before the model is used (docs/weight_cache.md, "Hits"):
-    # "sha256" rehashes every file against the manifest (about 1 s per GB per hashing thread);
+    # "sha256" rehashes every file against the manifest (about 1 s per GB per hashing thread on a
+    # shared 2-core machine, docs/benchmarks/node_cache_verify.md);
     # "stat" rehashes only files whose (inode, size, mtime_ns, ctime_ns) differ from what the cache
     # recorded when it last verified them (milliseconds). A file's size alone is never enough.
     verify_on_hit: Literal["sha256", "stat"] = "sha256"

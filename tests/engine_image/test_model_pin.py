@@ -35,8 +35,8 @@ def settings_for(tmp_path: Path) -> LauncherSettings:
     )
 
 
-def launch_for(uri: str) -> LaunchSpec:
-    spec = {"model": {"uri": uri}, "engine": {"kind": "reference"}, "resources": {"gpus": 0}}
+def launch_for(uri: str, **extra: Any) -> LaunchSpec:
+    spec = {"model": {"uri": uri}, "engine": {"kind": "reference"}, "resources": {"gpus": 0}, **extra}
     return parse_launch_spec({"name": "m", "spec": spec})
 
 
@@ -119,6 +119,14 @@ async def test_the_pinned_model_loads_and_a_planted_file_is_refused_and_fetched_
     assert pull["source"] == "node-cache" and pull["verify"] == "sha256" and "refused" not in pull
     assert pull["hashedBytes"] == sum(p.stat().st_size for p in populated_model.local.iterdir())
     assert metrics["kvfleet_coldstart_node_cache_refused_files"] == 0.0
+
+    # spec.cache.nodeCache.verifyOnHit: stat: files untouched since that hash verified them are not hashed.
+    settings = settings_for(tmp_path)
+    settings.pin_path.write_text(digest)
+    stat_launch = launch_for(populated_model.uri, cache={"nodeCache": {"verifyOnHit": "stat"}})
+    fourth, _ = await serve_once(Launcher(stat_launch, settings, deps), settings)
+    pull = fourth["phaseDetails"]["pull"]
+    assert (pull["source"], pull["verify"], pull["hashedBytes"]) == ("node-cache", "stat", 0)
 
 
 def test_the_pin_file_absent_empty_or_malformed(tmp_path: Path) -> None:
