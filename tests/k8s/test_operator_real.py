@@ -109,21 +109,22 @@ def test_examples_reconcile_to_ready_pods_on_gpu_nodes_and_are_collected(
         lambda: (lambda c: c if all(c.values()) else None)(children(kubectl, namespace, name)), 30, "every child"
     )
     for kind, items in found.items():
-        assert len(items) == 1, f"{kind}: {len(items)} objects"
-        meta = items[0]["metadata"]
-        refs = meta["ownerReferences"]
-        assert refs == [
-            {
-                "apiVersion": "kvfleet.io/v1alpha1",
-                "kind": "InferenceDeployment",
-                "name": name,
-                "uid": owner["metadata"]["uid"],
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ], kind
-        managers = {(m["manager"], m["operation"]) for m in meta["managedFields"]}
-        assert (FIELD_MANAGER, "Apply") in managers, f"{kind} managers: {managers}"
+        assert len(items) == CHILD_COUNTS[kind], f"{kind}: {len(items)} objects"
+        for item in items:
+            meta = item["metadata"]
+            refs = meta["ownerReferences"]
+            assert refs == [
+                {
+                    "apiVersion": "kvfleet.io/v1alpha1",
+                    "kind": "InferenceDeployment",
+                    "name": name,
+                    "uid": owner["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ], kind
+            managers = {(m["manager"], m["operation"]) for m in meta["managedFields"]}
+            assert (FIELD_MANAGER, "Apply") in managers, f"{kind} managers: {managers}"
 
     spec = doc["spec"]
     autoscaling = spec.get("autoscaling") or {}
@@ -208,7 +209,7 @@ def test_server_side_apply_users_operator_and_gitops_never_fight(
     before = infd(kubectl, namespace, "ssa")
     assert before is not None
     children_before = operator_writes(kubectl, namespace, "ssa")
-    assert len(children_before) == 4
+    assert len(children_before) == sum(CHILD_COUNTS.values())
 
     # The same manifests again (what Argo CD does on every sync): nothing changes anywhere.
     out = kubectl.apply(doc, "--server-side", "--field-manager=alice")
