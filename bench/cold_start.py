@@ -237,6 +237,17 @@ def write_results(result: dict[str, Any], out_dir: Path) -> None:
         "",
         f"Launcher decisions (artifacts-warm): {'; '.join(sorted(set(result['decisions'])))}",
     ]
+    verify = result.get("nodeCacheCheck") or {}
+    if verify:
+        lines += [
+            "",
+            "Node-cache content check inside the warm starts' `pull` (median seconds, mode, bytes hashed): "
+            + "; ".join(
+                f"{name} {v['seconds']:.2f} s ({v['mode']}, {v['hashedBytes'] / 1e9:.2f} GB)"
+                for name, v in verify.items()
+            )
+            + ". A cold start hashes while it downloads and pays nothing more (docs/benchmarks/node_cache_verify.md).",
+        ]
     pull_rate = result["model"]["bytes"] / s["cold"]["pull"] / 1e6
     lines += [
         "",
@@ -425,6 +436,14 @@ def main() -> None:
                 "s3CeilingSeconds": ceiling_s,
                 "s3CeilingBytes": ceiling_bytes,
                 "s3CeilingMBps": ceiling_bytes / ceiling_s / 1e6,
+            },
+            "nodeCacheCheck": {
+                name: {
+                    "seconds": median([float(r["phaseDetails"]["pull"].get("verifySeconds", 0.0)) for r in runs[name]]),
+                    "mode": runs[name][0]["phaseDetails"]["pull"].get("verify"),
+                    "hashedBytes": runs[name][0]["phaseDetails"]["pull"].get("hashedBytes", 0),
+                }
+                for name in SCENARIOS[1:]
             },
             "runs": runs,
         }

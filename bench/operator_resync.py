@@ -130,8 +130,9 @@ def write(result: dict[str, Any]) -> None:
     lines = [
         "# Operator resync cost (bench/operator_resync.py)",
         "",
-        f"One resync of {result['deployments']} converged InferenceDeployments (the baseline applies 4 children "
-        "and the status of each), against KMock's API emulator on loopback; median of "
+        f"One resync of {result['deployments']} converged InferenceDeployments (the baseline applies every child "
+        "(5: two ConfigMaps, Service, Deployment, PDB) and the status of each), against KMock's API emulator "
+        "on loopback; median of "
         f"{result['rounds']} rounds. Command: `.venv/bin/python bench/operator_resync.py "
         f"--deployments {result['deployments']} --rounds {result['rounds']}`.",
         "",

@@ -21,6 +21,7 @@ from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.weight_cache import (
     ArtifactOffer,
     ChecksumMismatchError,
+    DigestMismatchError,
     InvalidLocationError,
     NodeCacheSettings,
     PullSettings,
@@ -38,6 +39,7 @@ from kvfleet.weight_cache.s3 import S3Client, cache_uri_for
 
 from .errors import LaunchError
 from .launch_spec import LaunchSpec
+from .model_pin import pin_refusal
 from .sources import PulledWeights
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,9 @@ class CacheWeights:
     def pull(self, launch: LaunchSpec, progress: TransferProgress) -> PulledWeights:
         spec = launch.spec
         location = weights_location(spec)
-        settings = self._settings or PullSettings(allow_pickle=spec.model.allow_pickle)
+        settings = self._settings or PullSettings(
+            allow_pickle=spec.model.allow_pickle, verify_on_hit=spec.cache.node_cache.verify_on_hit
+        )
         try:
             pulled = pull_model(
                 location,
@@ -97,18 +101,32 @@ class CacheWeights:
                 s3=s3_settings(spec),
                 client=self._client,
                 progress=progress,
+                expected_digest=launch.pinned_digest,
             )
+        except DigestMismatchError as e:
+            # Refused on the manifest, before a byte of the other weights was fetched or loaded.
+            raise LaunchError("pull", pin_refusal(e.found, e.expected, location)) from e
         except ChecksumMismatchError as e:
             raise LaunchError("pull", f"checksum failed for {location}: {e}") from e
         except WeightCacheError as e:
             raise LaunchError("pull", f"{location}: {e}") from e
         fetched = pulled.result.downloaded_bytes if pulled.result is not None else 0
+        check = pulled.check
+        detail: dict[str, object] = {
+            "verify": check.mode,
+            "verifySeconds": round(check.seconds, 4),
+            "hashedBytes": check.hashed_bytes,
+        }
+        if check.refused_count:
+            detail.update(refusedFiles=check.refused_count, refused=list(check.reasons))
         return PulledWeights(
             path=pulled.path,
             digest=pulled.digest,
             source="node-cache" if pulled.hit else "s3",
             bytes_fetched=fetched,
             release=pulled.release,
+            check=detail,
+            refused_files=check.refused_count,
         )
 
 

@@ -29,6 +29,8 @@ class LaunchSpec:
     namespace: str
     served_name: str
     spec: InferenceDeploymentSpec
+    # The model digest the deployment pinned (engine_image/model_pin.py); None: not pinned (yet).
+    pinned_digest: str | None = None
 
 
 def parse_launch_spec(doc: Any) -> LaunchSpec:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -45,6 +46,7 @@ from .engine_args import (
 from .errors import EngineExitedError, LaunchError, SpecError
 from .launch_spec import LaunchSpec
 from .metrics_server import ColdStartMetrics, make_app, start_metrics_server
+from .model_pin import pin_refusal, read_pin
 from .phases import Clock, PhaseRecord, PhaseRecorder
 from .readiness import serve_first_token, wait_healthy
 from .settings import LauncherSettings
@@ -203,15 +205,25 @@ class Launcher:
 
     async def _pull(self) -> PulledWeights:
         with self.recorder.phase("pull") as detail:
+            # Read at each start: a pin written after this pod was created holds from its next start.
+            pinned = await self._in_thread(read_pin, self.settings.pin_path)
+            launch = dataclasses.replace(self.launch, pinned_digest=pinned)
             ticker = asyncio.create_task(self._log_pull_progress(), name="pull-progress")
             try:
-                weights = await self._in_thread(self.deps.weights.pull, self.launch, self.pull_progress)
+                weights = await self._in_thread(self.deps.weights.pull, launch, self.pull_progress)
             finally:
                 ticker.cancel()
                 await asyncio.wait({ticker})  # never raises: a stop of this task still propagates
+            if pinned is not None and weights.digest != pinned:
+                # Every source is held to the pin, whatever it checked itself (a local model included).
+                if weights.release is not None:
+                    weights.release()
+                raise LaunchError("pull", pin_refusal(weights.digest, pinned, self.launch.spec.model.uri))
             self._weights = weights
             detail.update(source=weights.source, digest=weights.digest, bytesFetched=weights.bytes_fetched)
+            detail.update(pinned=pinned is not None, **weights.check)
         self.metrics.set_cache_hit("node", weights.node_cache_hit)
+        self.metrics.node_cache_refused.set(weights.refused_files)
         pull = self.recorder.records.get("pull")
         rate = measured_rate(weights.bytes_fetched, pull.seconds, "node record") if pull else None
         if rate is not None:

@@ -71,6 +71,12 @@ class ColdStartMetrics:
             ["cache"],
             registry=self.registry,
         )
+        self.node_cache_refused = Gauge(
+            "kvfleet_coldstart_node_cache_refused_files",
+            "Files the node cache held for this launch's model but refused (wrong content, size or type) "
+            "and fetched again; never loaded.",
+            registry=self.registry,
+        )
         self.artifacts_pushed = Gauge(
             "kvfleet_coldstart_artifacts_pushed",
             "1 once artifacts built by this launch were pushed to the cache after a miss.",

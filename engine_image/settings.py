@@ -16,6 +16,7 @@ from kvfleet.weight_cache.settings import ProgressSettings
 
 from .artifact_decision import DecisionSettings
 from .engine_args import ReferenceEngineSizing
+from .model_pin import DEFAULT_PIN_PATH
 from .readiness import ReadinessSettings
 from .supervisor import StopSettings
 
@@ -36,6 +37,8 @@ class LauncherSettings:
     """Everything the launcher needs besides the spec."""
 
     spec_path: Path = DEFAULT_SPEC_PATH
+    # The pinned model digest (the operator's pin ConfigMap); absent: nothing pinned.
+    pin_path: Path = DEFAULT_PIN_PATH
     # The node cache volume: weights under models/<digest>/, artifacts unpacked under artifacts/.
     node_cache_dir: Path = DEFAULT_NODE_CACHE
     pvc_mount_root: Path = PVC_MOUNT_ROOT

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvfleet.weight_cache.artifacts import ArtifactOffer
 from kvfleet.weight_cache.fingerprint import Fingerprint
@@ -37,6 +37,9 @@ class PulledWeights:
     bytes_fetched: int = 0
     # Releases the node-cache lease that keeps these weights from being evicted while served.
     release: Callable[[], None] | None = None
+    # The node cache's content check: what it found (phase detail), files it refused and why.
+    check: Mapping[str, Any] = field(default_factory=dict)
+    refused_files: int = 0
 
     @property
     def node_cache_hit(self) -> bool:

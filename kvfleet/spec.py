@@ -375,6 +375,12 @@ class NodeCacheSpec(ApiModel):
         default=None, description="Absolute directory on the node (type hostPath)."
     )
     size_limit: Quantity | None = Field(default=None, description="Size bound; least recently used models go first.")
+    verify_on_hit: Literal["sha256", "stat"] = Field(
+        default="sha256",
+        description="What a cached model must pass before it is loaded: sha256 hashes every file against the "
+        "manifest (about 1 s per GB on one core); stat hashes only files changed since they were verified "
+        "(milliseconds; enough within the namespace's own cache directory, see docs/weight_cache.md).",
+    )
 
     @field_validator("size_limit", mode="before")
     @classmethod

@@ -12,6 +12,11 @@ ENGINE_APP = "kvfleet-engine"
 SPEC_MOUNT_DIR = "/etc/kvfleet"
 SPEC_FILE = "spec.json"
 NODE_CACHE_MOUNT = "/var/cache/kvfleet"
+# The pinned model digest: one file, PIN_KEY, in its own ConfigMap volume (the launcher's default).
+# Beside the spec's mount, not inside it: a mount point inside a ConfigMap volume is not portable.
+PIN_MOUNT_DIR = "/etc/kvfleet-pin"
+PIN_KEY = "modelDigest"
+PIN_MODEL_KEY = "model"
 SHM_MOUNT = "/dev/shm"  # noqa: S108  (a mount point in the pod, not a temp file here)
 
 
@@ -22,6 +27,10 @@ def engine_name(name: str) -> str:
 
 def spec_configmap_name(name: str) -> str:
     return f"{name}-engine-spec"
+
+
+def pin_configmap_name(name: str) -> str:
+    return f"{name}-engine-pin"
 
 
 def pdb_name(name: str) -> str:

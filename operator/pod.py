@@ -14,6 +14,7 @@ from typing import Any
 from kvfleet.spec import EnvVar, InferenceDeploymentSpec
 
 from . import names
+from .policy import host_path_root
 from .settings import OperatorSettings
 
 PVC_MOUNT_ROOT = "/mnt/kvfleet/pvc"
@@ -110,7 +111,20 @@ def _resources(spec: InferenceDeploymentSpec) -> dict[str, Any]:
     return out
 
 
-def _volumes(name: str, spec: InferenceDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def node_cache_host_volume(namespace: str, host_path: str, settings: OperatorSettings) -> tuple[str, str]:
+    """(hostPath volume path, subPath of the mount) of a hostPath node cache: the platform's allowed
+    root, and ``<namespace>`` below it (then the rest of the spec's path). A pod sees its own
+    namespace's directory only, so a co-tenant can neither read nor plant files in it: a spec's
+    ``hostPath`` cannot name another namespace's directory, since the namespace always comes first
+    under the root (``<root>/b`` asked from namespace ``a`` is ``<root>/a/b``)."""
+    root = host_path_root(host_path, settings.policy)
+    rest = host_path.rstrip("/")[len(root.rstrip("/")) :].strip("/")
+    return root, f"{namespace}/{rest}" if rest else namespace
+
+
+def _volumes(
+    name: str, namespace: str, spec: InferenceDeploymentSpec, settings: OperatorSettings
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
         {
             "name": "spec",
@@ -119,24 +133,39 @@ def _volumes(name: str, spec: InferenceDeploymentSpec) -> tuple[list[dict[str, A
                 "items": [{"key": names.SPEC_FILE, "path": names.SPEC_FILE}],
             },
         },
+        {
+            # The model digest the deployment pinned (empty until the first pod served one). A
+            # ConfigMap volume follows the ConfigMap's changes without a new pod template, so
+            # pinning rolls no pod; the launcher reads it at each start.
+            "name": "pin",
+            "configMap": {
+                "name": names.pin_configmap_name(name),
+                "items": [{"key": names.PIN_KEY, "path": names.PIN_KEY}],
+            },
+        },
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "spec", "mountPath": names.SPEC_MOUNT_DIR, "readOnly": True},
+        {"name": "pin", "mountPath": names.PIN_MOUNT_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": names.SHM_MOUNT},
     ]
     node_cache = spec.cache.node_cache
     if node_cache.type == "hostPath":
         # type Directory, not DirectoryOrCreate: the kubelet would create it owned by root and the
         # non-root engine could not write to it; a missing directory fails visibly at mount instead.
+        # The namespace's directory below it is the mount's subPath, which the kubelet creates with
+        # the root's mode (docs/chart.md: a setgid, group-writable root keeps it writable).
         assert node_cache.host_path is not None  # NodeCacheSpec validates it
-        volumes.append({"name": "node-cache", "hostPath": {"path": node_cache.host_path, "type": "Directory"}})
+        root, sub_path = node_cache_host_volume(namespace, node_cache.host_path, settings)
+        volumes.append({"name": "node-cache", "hostPath": {"path": root, "type": "Directory"}})
+        mounts.append({"name": "node-cache", "mountPath": names.NODE_CACHE_MOUNT, "subPath": sub_path})
     else:
         empty: dict[str, Any] = {}
         if node_cache.size_limit is not None:
             empty["sizeLimit"] = node_cache.size_limit
         volumes.append({"name": "node-cache", "emptyDir": empty})
-    mounts.append({"name": "node-cache", "mountPath": names.NODE_CACHE_MOUNT})
+        mounts.append({"name": "node-cache", "mountPath": names.NODE_CACHE_MOUNT})
     if spec.model.uri.startswith("pvc://"):
         claim = spec.model.uri[len("pvc://") :].split("/", 1)[0]
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -181,9 +210,11 @@ def _scheduling(name: str, spec: InferenceDeploymentSpec) -> dict[str, Any]:
     return out
 
 
-def render_pod_template(name: str, spec: InferenceDeploymentSpec, settings: OperatorSettings) -> dict[str, Any]:
+def render_pod_template(
+    name: str, namespace: str, spec: InferenceDeploymentSpec, settings: OperatorSettings
+) -> dict[str, Any]:
     """The Deployment's ``spec.template``."""
-    volumes, mounts = _volumes(name, spec)
+    volumes, mounts = _volumes(name, namespace, spec, settings)
     period = settings.probe_period_s
     startup_failures = math.ceil(startup_budget_s(spec, settings) / period)
     container: dict[str, Any] = {

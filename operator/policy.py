@@ -102,6 +102,15 @@ def host_path_allowed(path: str, policy: SpecPolicy) -> bool:
     return any(entry == ANY or _under(path, entry) for entry in policy.node_cache_host_paths)
 
 
+def host_path_root(path: str, policy: SpecPolicy) -> str:
+    """The platform's directory a hostPath node cache lives under: the outermost allowed entry that
+    holds ``path`` (entries may nest). With ``"*"`` and no listed entry holding it, the path itself:
+    the platform then allows any directory, and separation is only as good as that choice."""
+    roots = [entry.rstrip("/") or "/" for entry in policy.node_cache_host_paths if entry != ANY]
+    holding = sorted((root for root in roots if _under(path, root)), key=len)
+    return holding[0] if holding else path.rstrip("/") or "/"
+
+
 def image_allowed(image: str, policy: SpecPolicy) -> bool:
     # A boundary at "/": ghcr.io/kvfleet must not admit ghcr.io/kvfleet-evil/x or ghcr.io.evil.com/x.
     return any(entry == ANY or image.startswith(entry.rstrip("/") + "/") for entry in policy.image_registries)

@@ -24,11 +24,14 @@ from .coldstart import ColdStartProbe, LauncherReport
 from .conditions import DeploymentObservation, Observed, plan_status
 from .drift import first_difference
 from .kube import KubeClient, KubeError, NotFound, Ref, Rejected
+from .pin import decide_pin, pin_from_configmap
+from .pod import pod_spec_hash
 from .pod_health import diagnose_pods
 from .policy import violations
 from .pull_progress import PullProgressProbe
 from .render import (
     CHILD_KINDS,
+    CONFIGMAP,
     DEPLOYMENT,
     SERVICE_MONITOR,
     ChildKind,
@@ -197,15 +200,28 @@ class Reconciler:
 
         autoscaling = spec.autoscaling_enabled
         decision = decide_replicas(spec, live_status.get("desiredReplicas") if autoscaling else None)
+        # The pin is decided before the children are rendered: a reset (spec.model changed) reaches
+        # its ConfigMap before the Deployment's new pods start, and a new pin is written in this pass.
+        measured, served = await self._measure_cold_start(namespace, name, deployment_live, pod_spec_hash(spec))
+        live_pin = await self._client.get(ref_of(CONFIGMAP), namespace, names.pin_configmap_name(name))
+        pin = decide_pin(spec, pin_from_configmap(live_pin), served.model_digest if served else None)
         children = render_children(
-            owner, spec, decision.replicas, self._settings, service_monitor=await self._serves_service_monitors()
+            owner,
+            spec,
+            decision.replicas,
+            self._settings,
+            service_monitor=await self._serves_service_monitors(),
+            pin=pin.pin,
         )
         for child in children:
             kind = kind_of(child)
             child_name = child["metadata"]["name"]
-            live = (
-                deployment_live if kind is DEPLOYMENT else await self._client.get(ref_of(kind), namespace, child_name)
-            )
+            if kind is DEPLOYMENT:
+                live = deployment_live
+            elif child_name == names.pin_configmap_name(name):
+                live = live_pin
+            else:
+                live = await self._client.get(ref_of(kind), namespace, child_name)
             difference = "(missing)" if live is None else first_difference(child, live)
             if difference is None:
                 continue
@@ -223,7 +239,6 @@ class Reconciler:
         if outcome.apply_error is None:
             self._applied_replicas[(namespace, name)] = decision.replicas
 
-        measured = await self._measure_cold_start(namespace, name, deployment_live)
         unready = await self._pods_while_unready(namespace, name, deployment_live, decision.replicas)
         pulls = None
         if unready and self._pull_progress is not None and self._settings.progress_pods_per_tick > 0:
@@ -239,7 +254,8 @@ class Reconciler:
             endpoint=self._settings.router_endpoint,
             selector=names.selector_string(name),
             measured_cold_start_s=measured.seconds if measured is not None else None,
-            model_digest=measured.model_digest if measured is not None else None,
+            # Once pinned, every pod serves the pin (a launcher refuses any other digest).
+            model_digest=pin.pin.digest or (measured.model_digest if measured is not None else None),
             pods=diagnose_pods(unready) if unready else None,
             pulls=pulls,
         )
@@ -263,19 +279,27 @@ class Reconciler:
         return pods
 
     async def _measure_cold_start(
-        self, namespace: str, name: str, deployment: dict[str, Any] | None
-    ) -> LauncherReport | None:
+        self, namespace: str, name: str, deployment: dict[str, Any] | None, spec_hash: str
+    ) -> tuple[LauncherReport | None, LauncherReport | None]:
+        """The newest Ready pod's report, and the newest Ready pod's built from the current spec
+        (its spec-hash annotation): only the latter may pin a digest (operator/pin.py)."""
         if self._coldstart is None or self._settings.coldstart_pods_per_tick == 0 or deployment is None:
-            return None
+            return None, None
         if not ((deployment.get("status") or {}).get("readyReplicas") or 0):
-            return None
+            return None, None
         try:
             pods = await self._client.list(PODS, namespace, names.selector_string(name))
         except KubeError as e:
             # The figure is informative only; it must never hold up a reconcile.
             log.info("cannot list engine pods of %s/%s for the cold-start figure: %s", namespace, name, e)
-            return None
-        return await self._coldstart.latest(pods)
+            return None, None
+        current = [
+            pod
+            for pod in pods
+            if ((pod.get("metadata") or {}).get("annotations") or {}).get(names.SPEC_HASH_ANNOTATION) == spec_hash
+        ]
+        latest = await self._coldstart.latest(pods)
+        return latest, (await self._coldstart.latest(current) if current else None)
 
     async def _write_status(
         self, body: dict[str, Any], observed: Observed, live_status: dict[str, Any], outcome: Outcome
@@ -300,18 +324,18 @@ class Reconciler:
         deleted: list[str] = []
         order = [DEPLOYMENT, *[k for k in reversed(CHILD_KINDS) if k is not DEPLOYMENT]]
         for kind in order:
-            child_name = _child_name(kind, name)
             if kind is SERVICE_MONITOR and not await self._serves_service_monitors():
                 continue
-            if await self._client.delete(ref_of(kind), namespace, child_name):
-                deleted.append(f"{kind.kind}/{child_name}")
+            for child_name in _child_names(kind, name):
+                if await self._client.delete(ref_of(kind), namespace, child_name):
+                    deleted.append(f"{kind.kind}/{child_name}")
         self.forget(namespace, name)
         return deleted
 
 
-def _child_name(kind: ChildKind, name: str) -> str:
+def _child_names(kind: ChildKind, name: str) -> tuple[str, ...]:
     if kind.kind == "ConfigMap":
-        return names.spec_configmap_name(name)
+        return names.spec_configmap_name(name), names.pin_configmap_name(name)
     if kind.kind == "PodDisruptionBudget":
-        return names.pdb_name(name)
-    return names.engine_name(name)
+        return (names.pdb_name(name),)
+    return (names.engine_name(name),)

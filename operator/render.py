@@ -12,6 +12,7 @@ from typing import Any
 from kvfleet.spec import API_VERSION, KIND, InferenceDeploymentSpec
 
 from . import names
+from .pin import Pin, decide_pin
 from .pod import render_pod_template, startup_budget_s
 from .settings import OperatorSettings
 
@@ -88,6 +89,16 @@ def render_configmap(owner: Owner, spec: InferenceDeploymentSpec) -> dict[str, A
     }
 
 
+def render_pin_configmap(owner: Owner, pin: Pin) -> dict[str, Any]:
+    """The pinned model digest the launchers read (operator/pin.py); empty until one is pinned."""
+    return {
+        "apiVersion": CONFIGMAP.api_version,
+        "kind": CONFIGMAP.kind,
+        "metadata": _metadata(owner, names.pin_configmap_name(owner.name)),
+        "data": {names.PIN_KEY: pin.digest or "", names.PIN_MODEL_KEY: pin.model},
+    }
+
+
 def render_deployment(
     owner: Owner, spec: InferenceDeploymentSpec, replicas: int, settings: OperatorSettings
 ) -> dict[str, Any]:
@@ -103,7 +114,7 @@ def render_deployment(
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "progressDeadlineSeconds": startup_budget_s(spec, settings) + PROGRESS_DEADLINE_SLACK_S,
             "revisionHistoryLimit": 3,
-            "template": render_pod_template(owner.name, spec, settings),
+            "template": render_pod_template(owner.name, owner.namespace, spec, settings),
         },
     }
 
@@ -161,10 +172,15 @@ def render_children(
     settings: OperatorSettings,
     *,
     service_monitor: bool,
+    pin: Pin | None = None,
 ) -> list[dict[str, Any]]:
-    """Every child in apply order: the ConfigMap before the pods that mount it."""
+    """Every child in apply order: the ConfigMaps before the pods that mount them. Without ``pin``
+    (``kvfleet plan``), the pin ConfigMap is rendered empty, as on a deployment's first apply."""
+    if pin is None:
+        pin = decide_pin(spec, None, None).pin
     children = [
         render_configmap(owner, spec),
+        render_pin_configmap(owner, pin),
         render_service(owner, settings),
         render_deployment(owner, spec, replicas, settings),
         render_pdb(owner),

@@ -24,6 +24,7 @@ from kvfleet.weight_cache.download import FetchedManifest, PullResult, fetch_man
 from kvfleet.weight_cache.errors import (
     ArtifactError,
     ChecksumMismatchError,
+    DigestMismatchError,
     DisallowedFileError,
     InvalidLocationError,
     LockTimeoutError,
@@ -50,6 +51,7 @@ __all__ = [
     "ArtifactPullResult",
     "ArtifactPushResult",
     "ChecksumMismatchError",
+    "DigestMismatchError",
     "DisallowedFileError",
     "FetchedManifest",
     "Fingerprint",

@@ -184,7 +184,13 @@ def populate(
 @click.option("--concurrency", type=int, default=PullSettings().concurrency, show_default=True)
 @click.option("--part-size-mib", type=int, default=PullSettings().part_size_bytes // MiB, show_default=True)
 @click.option("--allow-pickle", is_flag=True, help="Accept pickle-based weights (.bin/.pt/.pth); unsafe to load.")
-@click.option("--verify-on-hit", type=click.Choice(["size", "sha256"]), default="size", show_default=True)
+@click.option(
+    "--verify-on-hit",
+    type=click.Choice(["sha256", "stat"]),
+    default="sha256",
+    show_default=True,
+    help="What a node-cache hit checks: every file's sha256, or only files changed since they were verified.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_s3_options
 @_friendly_errors

@@ -459,8 +459,12 @@ def pull_to_dir(
     fetched: FetchedManifest | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    known_good: frozenset[str] = frozenset(),
 ) -> PullResult:
     """Download the model at ``uri`` into ``dest`` and verify every file against the manifest.
+
+    ``known_good``: paths in ``dest`` the caller hashed against this manifest a moment ago (the node
+    cache's content check, under the model's lock); they are kept without a second hash.
 
     Raises ``DisallowedFileError`` / ``UnsafePathError`` before downloading anything when the
     manifest lists a refused file type or a path that would leave ``dest``; ``ChecksumMismatchError``
@@ -476,8 +480,14 @@ def pull_to_dir(
     targets = [(entry, resolve_inside(dest, entry.path)) for entry in manifest.files]
     started = clock()
 
+    def in_place_now(pair: tuple[ManifestFile, Path]) -> bool:
+        entry, final = pair
+        if entry.path in known_good:
+            return final.is_file() and final.stat().st_size == entry.size_bytes
+        return _already_in_place(entry, final)
+
     with ThreadPoolExecutor(max_workers=2) as hashers:
-        in_place = list(hashers.map(lambda pair: _already_in_place(*pair), targets))
+        in_place = list(hashers.map(in_place_now, targets))
     todo = [pair for pair, done in zip(targets, in_place, strict=True) if not done]
     reused_bytes = sum(entry.size_bytes for (entry, _), done in zip(targets, in_place, strict=True) if done)
     progress.on_start(manifest.total_bytes, reused_bytes)

@@ -24,6 +24,15 @@ class ManifestError(WeightCacheError):
     """The manifest is missing, malformed or not the one that was asked for."""
 
 
+class DigestMismatchError(ManifestError):
+    """The manifest's digest is not the one the caller pinned (``expected_digest``)."""
+
+    def __init__(self, message: str, *, found: str, expected: str) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
+
+
 class SourceUnavailableError(WeightCacheError):
     """The model source cannot be read (hub unreachable, directory missing)."""
 

@@ -6,6 +6,7 @@ Layout under the root::
     models/<digest>/       complete, verified models (renamed in from staging/)
     staging/<digest>/      a pull in progress (resumable after a crash)
     meta/<digest>.json     size, model id, state and last use; meta/<digest>.manifest the manifest
+    meta/<digest>.verified each file's (inode, size, mtime_ns, ctime_ns) when its sha256 last matched
     locks/<digest>.lock    flock: held while pulling, leasing or evicting that model
     locks/evict.lock       flock: one eviction decision at a time
     leases/<digest>/       one file per process using the model
@@ -19,21 +20,50 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from kvfleet.weight_cache.errors import LockTimeoutError, NodeCacheError, NodeCacheFullError
 from kvfleet.weight_cache.eviction import CacheEntry, plan_eviction
 from kvfleet.weight_cache.leases import Lease, create_lease, live_leases
-from kvfleet.weight_cache.manifest import Manifest, sha256_file
+from kvfleet.weight_cache.manifest import Manifest, ManifestFile, sha256_file
 from kvfleet.weight_cache.settings import NodeCacheSettings
 
 log = logging.getLogger(__name__)
 
 DIGEST_CHARS = 64
+
+
+# What a hit records and compares in "stat" mode. ctime cannot be set from userland: any write,
+# chmod, rename or utimensat moves it to now, so an equal tuple means the file was not touched
+# since it was verified (same inode: not replaced; same ctime: not written).
+StatKey = tuple[int, int, int, int]
+MAX_REASONS = 8
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class HitCheck:
+    """Whether ``models/<digest>`` may be used as it is, and why not. ``good`` lists the files that
+    passed (a re-pull keeps them); ``reasons`` name the files refused (at most MAX_REASONS)."""
+
+    hit: bool
+    reasons: tuple[str, ...]
+    good: frozenset[str]
+    hashed_bytes: int
+    seconds: float
+    mode: str
+    refused_count: int = 0
 
 
 def _check_digest(digest: str) -> str:
@@ -134,22 +164,97 @@ class NodeCache:
         except OSError:
             return None
 
-    def is_complete(self, digest: str, manifest: Manifest, *, verify: str) -> bool:
-        """Whether ``models/<digest>`` holds every file: by size, or by sha256 when asked."""
+    def _verified_path(self, digest: str) -> Path:
+        return self.root / "meta" / f"{_check_digest(digest)}.verified"
+
+    def _read_verified(self, digest: str) -> dict[str, StatKey]:
+        try:
+            data = json.loads(self._verified_path(digest).read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {
+            k: (v[0], v[1], v[2], v[3])
+            for k, v in data.items()
+            if isinstance(v, list) and len(v) == 4 and all(isinstance(x, int) for x in v)
+        }
+
+    def record_verified(self, digest: str, manifest: Manifest) -> None:
+        """Remember each file's stat key now that its content is known good (after a verified
+        download or a hit that hashed it). Call with the model lock held."""
+        path = self.model_path(digest)
+        keys = {entry.path: list(stat_key((path / entry.path).stat())) for entry in manifest.files}
+        target = self._verified_path(digest)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps(keys))
+        os.replace(tmp, target)
+
+    def check_hit(
+        self, digest: str, manifest: Manifest, *, verify: Literal["sha256", "stat"], hash_workers: int = 4
+    ) -> HitCheck:
+        """Whether ``models/<digest>`` holds every file of ``manifest`` with the manifest's content.
+
+        ``sha256`` hashes every file (``hash_workers`` at once); ``stat`` hashes only the files
+        whose stat key differs from the one recorded when they were last verified. A symlink, a
+        file of the wrong size or one whose sha256 differs is refused, with the reason."""
+        started = time.monotonic()
         path = self.model_path(digest)
         if not path.is_dir():
-            return False
+            return HitCheck(False, (), frozenset(), 0, time.monotonic() - started, verify)
+        recorded = self._read_verified(digest) if verify == "stat" else {}
+        inside = path.resolve()
+        reasons: list[str] = []
+        good: set[str] = set()
+        to_hash: list[ManifestFile] = []
         for entry in manifest.files:
             file = path / entry.path
             try:
-                if file.is_symlink() or file.stat().st_size != entry.size_bytes:
-                    return False
+                st = file.lstat()
+            except OSError:
+                reasons.append(f"{entry.path}: missing")
+                continue
+            if not stat.S_ISREG(st.st_mode) or not file.resolve().is_relative_to(inside):
+                reasons.append(f"{entry.path}: not a regular file inside the model's directory")
+            elif st.st_size != entry.size_bytes:
+                reasons.append(f"{entry.path}: {st.st_size} bytes, the manifest says {entry.size_bytes}")
+            elif recorded.get(entry.path) == stat_key(st):
+                good.add(entry.path)
+            else:
+                to_hash.append(entry)
+
+        def matches(entry: ManifestFile) -> bool:
+            try:
+                return sha256_file(path / entry.path) == entry.sha256
             except OSError:
                 return False
-            if verify == "sha256" and sha256_file(file) != entry.sha256:
-                log.warning("node cache: %s in %s fails its sha256; pulling the model again", entry.path, digest)
-                return False
-        return True
+
+        with ThreadPoolExecutor(max_workers=max(1, min(hash_workers, len(to_hash) or 1))) as pool:
+            results = list(pool.map(matches, to_hash))
+        for entry, ok in zip(to_hash, results, strict=True):
+            if ok:
+                good.add(entry.path)
+            else:
+                reasons.append(f"{entry.path}: sha256 differs from the manifest's (a damaged or planted file)")
+        hit = not reasons
+        seconds = time.monotonic() - started
+        if reasons:
+            log.warning(
+                "node cache: model %s refused on a hit (%s); fetching the refused files again",
+                digest[:12],
+                "; ".join(reasons[:MAX_REASONS]),
+            )
+        elif to_hash:
+            self.record_verified(digest, manifest)
+        return HitCheck(
+            hit,
+            tuple(reasons[:MAX_REASONS]),
+            frozenset(good),
+            sum(e.size_bytes for e in to_hash),
+            seconds,
+            verify,
+            refused_count=len(reasons),
+        )
 
     def acquire_lease(self, digest: str) -> Lease:
         """Call with the model lock held, so no eviction can run between the check and the lease."""
@@ -210,18 +315,32 @@ class NodeCache:
                     os.replace(source, self.root / "trash" / f"{digest}-{kind}-{token}")
             self._meta_path(digest).unlink(missing_ok=True)
             (self.root / "meta" / f"{digest}.manifest").unlink(missing_ok=True)
+            self._verified_path(digest).unlink(missing_ok=True)
             shutil.rmtree(self._leases_dir(digest), ignore_errors=True)
         for leftover in (self.root / "trash").glob(f"{digest}-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         return True
 
-    def discard_invalid(self, digest: str) -> None:
-        """Move a model that failed verification out of models/ (caller holds its lock)."""
-        path = self.model_path(digest)
+    def stage_for_repair(self, digest: str, good: frozenset[str]) -> Path:
+        """Start ``staging/<digest>`` afresh with the files in ``good`` (just verified) moved over
+        from the refused model, and throw the rest away: a pull then fetches the refused files only,
+        and nothing that was refused (a planted symlink, a stray directory) comes along. Returns the
+        staging directory. Caller holds the model lock."""
+        self._verified_path(digest).unlink(missing_ok=True)
+        path, staging = self.model_path(digest), self.staging_path(digest)
+        token = uuid.uuid4().hex[:8]
+        if staging.exists():
+            os.replace(staging, self.root / "trash" / f"{digest}-staging-{token}")
+        staging.mkdir()
+        for rel in sorted(good):
+            target = staging.joinpath(*rel.split("/"))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path.joinpath(*rel.split("/")), target)
         if path.exists():
-            trash = self.root / "trash" / f"{digest}-{uuid.uuid4().hex[:8]}"
-            os.replace(path, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            os.replace(path, self.root / "trash" / f"{digest}-model-{token}")
+        for leftover in (self.root / "trash").glob(f"{digest}-*-{token}"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        return staging
 
     def used_bytes(self) -> int:
         return sum(e.size_bytes for e in self.entries())

@@ -12,10 +12,10 @@ from pathlib import Path
 from types import TracebackType
 
 from kvfleet.weight_cache.download import FetchedManifest, PullResult, fetch_manifest, pull_to_dir
-from kvfleet.weight_cache.errors import ManifestError, SourceUnavailableError
+from kvfleet.weight_cache.errors import DigestMismatchError, ManifestError, SourceUnavailableError
 from kvfleet.weight_cache.leases import Lease
 from kvfleet.weight_cache.manifest import Manifest, digest_of
-from kvfleet.weight_cache.node_cache import NodeCache
+from kvfleet.weight_cache.node_cache import HitCheck, NodeCache
 from kvfleet.weight_cache.progress import TransferProgress
 from kvfleet.weight_cache.s3 import S3Client, S3Uri, make_client
 from kvfleet.weight_cache.settings import NodeCacheSettings, PullSettings, S3Settings
@@ -33,6 +33,8 @@ class PulledModel:
     hit: bool
     lease: Lease
     result: PullResult | None  # the download's figures; None on a hit
+    # What the node cache's content check found: files hashed, time taken, files refused and why.
+    check: HitCheck
 
     def release(self) -> None:
         self.lease.release()
@@ -54,11 +56,20 @@ def _manifest_for(client: S3Client, uri: S3Uri, cache: NodeCache, expected_diges
         raw = cache.stored_manifest(expected_digest) if expected_digest else None
         if raw is None:
             raise
+        if digest_of(raw) != expected_digest:
+            # The node cache's copy is not the pinned manifest (damaged, or written by someone else).
+            raise ManifestError(
+                f"{uri}: S3 is unreachable and the node cache's manifest of {expected_digest} hashes to "
+                f"{digest_of(raw)}; refusing it"
+            ) from None
         log.warning("S3 unreachable; using the node cache's copy of model %s", expected_digest)
-        return FetchedManifest(manifest=Manifest.from_bytes(raw), raw=raw, digest=digest_of(raw))
+        return FetchedManifest(manifest=Manifest.from_bytes(raw), raw=raw, digest=expected_digest)
     if expected_digest is not None and fetched.digest != expected_digest:
-        raise ManifestError(
-            f"{uri}: manifest digest is {fetched.digest}, expected {expected_digest} (the model at this prefix changed)"
+        raise DigestMismatchError(
+            f"{uri}: manifest digest is {fetched.digest}, expected {expected_digest} "
+            "(the model at this prefix changed)",
+            found=fetched.digest,
+            expected=expected_digest,
         )
     return fetched
 
@@ -92,16 +103,25 @@ def pull_model(
 
     with cache.model_lock(digest):
         result: PullResult | None = None
-        hit = cache.is_complete(digest, manifest, verify=settings.verify_on_hit)
-        if not hit:
-            cache.discard_invalid(digest)
+        check = cache.check_hit(digest, manifest, verify=settings.verify_on_hit, hash_workers=settings.hash_workers)
+        if not check.hit:
+            # Refused files are fetched again, never loaded; the files that just hashed right stay.
+            staging = cache.stage_for_repair(digest, check.good) if check.reasons else cache.staging_path(digest)
             cache.record(digest, manifest, state="pulling")
             cache.make_room(manifest.total_bytes, keep=digest)
-            staging = cache.staging_path(digest)
-            result = pull_to_dir(client, uri, staging, settings, progress=progress, fetched=fetched)
+            result = pull_to_dir(
+                client, uri, staging, settings, progress=progress, fetched=fetched, known_good=check.good
+            )
             os.replace(staging, cache.model_path(digest))  # atomic: readers see all of it or nothing
+            cache.record_verified(digest, manifest)  # every file was hashed as it landed
         lease = cache.acquire_lease(digest)
         cache.record(digest, manifest, state="ready", raw_manifest=fetched.raw)
     return PulledModel(
-        path=cache.model_path(digest), digest=digest, manifest=manifest, hit=hit, lease=lease, result=result
+        path=cache.model_path(digest),
+        digest=digest,
+        manifest=manifest,
+        hit=check.hit,
+        lease=lease,
+        result=result,
+        check=check,
     )

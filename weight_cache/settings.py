@@ -59,8 +59,15 @@ class PullSettings(_Settings):
     retry_backoff_s: float = Field(default=0.5, ge=0, le=60, description="First retry delay; doubles per attempt.")
     retry_backoff_max_s: float = Field(default=10.0, ge=0, le=600)
     allow_pickle: bool = Field(default=False, description="Accept pickle-based weights (.bin/.pt/.pth).")
-    # What a node-cache hit checks: "size" stats every file (milliseconds); "sha256" rehashes them.
-    verify_on_hit: Literal["size", "sha256"] = "size"
+    # What a node-cache hit checks before the model is used (docs/weight_cache.md, "Hits"):
+    # "sha256" rehashes every file against the manifest (about 1 s per GB per hashing thread on a
+    # shared 2-core machine, docs/benchmarks/node_cache_verify.md);
+    # "stat" rehashes only files whose (inode, size, mtime_ns, ctime_ns) differ from what the cache
+    # recorded when it last verified them (milliseconds). A file's size alone is never enough.
+    verify_on_hit: Literal["sha256", "stat"] = "sha256"
+    # Files hashed at once on a hit (hashlib releases the GIL): a GPU node's NVMe feeds several
+    # cores; the pull's own workers are idle while a hit is checked.
+    hash_workers: int = Field(default=4, ge=1, le=64)
     # Each finished file is fsynced before its atomic rename so a crash never leaves a torn file;
     # writeback starts as chunks land (sync_file_range), so the fsync mostly finds it done.
     fsync: bool = True

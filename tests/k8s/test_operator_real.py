@@ -29,6 +29,8 @@ from kvfleet.operator.settings import FIELD_MANAGER
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 CHILD_KINDS = ("deployment", "service", "configmap", "poddisruptionbudget")
+# Each child once, but two ConfigMaps: the launcher's spec and the pinned model digest.
+CHILD_COUNTS = {"deployment": 1, "service": 1, "configmap": 2, "poddisruptionbudget": 1}
 StartOperator = Callable[..., ComponentProcess]
 
 
@@ -107,21 +109,22 @@ def test_examples_reconcile_to_ready_pods_on_gpu_nodes_and_are_collected(
         lambda: (lambda c: c if all(c.values()) else None)(children(kubectl, namespace, name)), 30, "every child"
     )
     for kind, items in found.items():
-        assert len(items) == 1, f"{kind}: {len(items)} objects"
-        meta = items[0]["metadata"]
-        refs = meta["ownerReferences"]
-        assert refs == [
-            {
-                "apiVersion": "kvfleet.io/v1alpha1",
-                "kind": "InferenceDeployment",
-                "name": name,
-                "uid": owner["metadata"]["uid"],
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ], kind
-        managers = {(m["manager"], m["operation"]) for m in meta["managedFields"]}
-        assert (FIELD_MANAGER, "Apply") in managers, f"{kind} managers: {managers}"
+        assert len(items) == CHILD_COUNTS[kind], f"{kind}: {len(items)} objects"
+        for item in items:
+            meta = item["metadata"]
+            refs = meta["ownerReferences"]
+            assert refs == [
+                {
+                    "apiVersion": "kvfleet.io/v1alpha1",
+                    "kind": "InferenceDeployment",
+                    "name": name,
+                    "uid": owner["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ], kind
+            managers = {(m["manager"], m["operation"]) for m in meta["managedFields"]}
+            assert (FIELD_MANAGER, "Apply") in managers, f"{kind} managers: {managers}"
 
     spec = doc["spec"]
     autoscaling = spec.get("autoscaling") or {}
@@ -206,7 +209,7 @@ def test_server_side_apply_users_operator_and_gitops_never_fight(
     before = infd(kubectl, namespace, "ssa")
     assert before is not None
     children_before = operator_writes(kubectl, namespace, "ssa")
-    assert len(children_before) == 4
+    assert len(children_before) == sum(CHILD_COUNTS.values())
 
     # The same manifests again (what Argo CD does on every sync): nothing changes anywhere.
     out = kubectl.apply(doc, "--server-side", "--field-manager=alice")
@@ -294,9 +297,9 @@ def test_killed_mid_reconcile_the_restarted_operator_converges_without_duplicate
     second = start_operator(name="second")
     wait_for(lambda: cond_status(infd(kubectl, namespace, "crash"), "Ready") == "True", 60, "Ready after restart")
     counts = {k: len(v) for k, v in children(kubectl, namespace, "crash").items()}
-    assert counts == dict.fromkeys(CHILD_KINDS, 1), f"before the kill {partial}, after {counts}"
+    assert counts == CHILD_COUNTS, f"before the kill {partial}, after {counts}"
     assert len(ready_pods(kubectl, namespace, "crash")) == 1
-    if sum(partial.values()) < len(CHILD_KINDS):  # killed between applies: the restart finished them
+    if sum(partial.values()) < sum(CHILD_COUNTS.values()):  # killed between applies: the restart finished them
         assert "applied" in second.log()
 
 

@@ -62,8 +62,10 @@ def test_plan_uses_the_operator_renderers(repo_root: Path) -> None:
     result = kvfleet("plan", "-f", str(repo_root / "examples" / "llama-3.1-8b-h100.yaml"), "-o", "json")
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)["items"]
-    assert [i["kind"] for i in items] == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "ServiceMonitor"]
-    dep = items[2]
+    kinds = ["ConfigMap", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "ServiceMonitor"]
+    assert [i["kind"] for i in items] == kinds
+    assert items[1]["metadata"]["name"].endswith("-engine-pin") and items[1]["data"]["modelDigest"] == ""
+    dep = items[3]
     assert dep["spec"]["replicas"] == 0  # minReplicas 0 and no autoscaler decision yet
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -602,3 +602,61 @@ async def test_newer_claimant_of_a_served_name_is_refused_and_recovers_when_it_i
         assert (condition(recovered, "Ready") or {}).get("reason") != "ServedNameConflict"
     finally:
         await stop_operator(running)
+
+
+async def test_the_first_served_digest_is_pinned_without_rolling_and_a_model_change_resets_it(
+    cluster: Cluster, free_port: int
+) -> None:
+    """A real HTTP launcher endpoint on loopback answers for the engine pod (port 9400)."""
+    app = web.Application()
+    served = {"digest": "5e" * 32}
+
+    async def coldstart(request: web.Request) -> web.Response:
+        return web.json_response({"totalSeconds": 3.0, "modelDigest": served["digest"]})
+
+    app.router.add_get("/coldstart", coldstart)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", free_port).start()
+    running = await start_operator(cluster, operator_settings(launcher_port=free_port))
+    model = {"uri": "s3://weights/models/tiny", "servedName": "tiny"}
+    try:
+        await cluster.create_infd(tiny(model=model, cache={"bucket": "weights"}))
+        dep = await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
+        pin = await eventually(lambda: cluster.get(CONFIGMAPS, NS, "tiny-engine-pin"), what="the pin ConfigMap")
+        assert pin["data"]["modelDigest"] == ""  # nothing served yet
+        template = dep["spec"]["template"]
+        spec_hash = template["metadata"]["annotations"]["kvfleet.io/spec-hash"]
+        pod = _engine_pod(ready=True)
+        pod["metadata"]["annotations"] = {"kvfleet.io/spec-hash": spec_hash}
+        await cluster.call("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+        await cluster.roll_out(NS, "tiny", ready=1)
+        await eventually(
+            lambda: (
+                (cluster.get(CONFIGMAPS, NS, "tiny-engine-pin") or {}).get("data", {}).get("modelDigest") == "5e" * 32
+            ),
+            what="the pinned digest",
+        )
+        infd = await eventually(
+            lambda: (o := cluster.get(INFD, NS, "tiny")) and o.get("status", {}).get("modelDigest") and o,
+            what="status.modelDigest",
+        )
+        assert infd["status"]["modelDigest"] == "5e" * 32
+        # Pinning wrote a ConfigMap, not the pod template: no GPU pod rolls.
+        assert cluster.get(DEPLOYMENTS, NS, "tiny-engine")["spec"]["template"] == template  # type: ignore[index]
+
+        # A new model: the pin is reset, and the old pod (old spec hash, old digest) does not pin again.
+        served["digest"] = "7a" * 32
+        await cluster.patch_infd(NS, "tiny", {"spec": {"model": {"uri": "s3://weights/models/other"}}})
+        await eventually(
+            lambda: (
+                (cluster.get(CONFIGMAPS, NS, "tiny-engine-pin") or {}).get("data", {}).get("model", "")
+                == '{"revision":null,"uri":"s3://weights/models/other"}'
+            ),
+            what="the pin reset",
+        )
+        await _sleep(running.settings.resync_interval_s * 3)
+        assert cluster.get(CONFIGMAPS, NS, "tiny-engine-pin")["data"]["modelDigest"] == ""  # type: ignore[index]
+    finally:
+        await stop_operator(running)
+        await runner.cleanup()

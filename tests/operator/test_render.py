@@ -11,6 +11,7 @@ import yaml
 
 from kvfleet.operator import names
 from kvfleet.operator.pod import pod_spec_hash, startup_budget_s, termination_grace_s
+from kvfleet.operator.policy import SpecPolicy
 from kvfleet.operator.render import Owner, render_children, render_deployment, spec_json
 from kvfleet.operator.settings import OperatorSettings
 from kvfleet.spec import InferenceDeploymentSpec
@@ -139,7 +140,7 @@ def test_grace_period_follows_the_longest_request_the_spec_allows() -> None:
     assert pod(short)["terminationGracePeriodSeconds"] == 10 + 30
 
 
-def test_volumes_shm_node_cache_and_spec() -> None:
+def test_volumes_shm_node_cache_spec_and_pin() -> None:
     s = spec(
         resources={"gpus": 1, "shmSize": "16Gi"},
         cache={"nodeCache": {"type": "hostPath", "hostPath": "/var/lib/kvfleet/models"}},
@@ -149,8 +150,60 @@ def test_volumes_shm_node_cache_and_spec() -> None:
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
     assert volumes["node-cache"]["hostPath"] == {"path": "/var/lib/kvfleet/models", "type": "Directory"}
     assert volumes["spec"]["configMap"]["name"] == "m-engine-spec"
+    assert volumes["pin"]["configMap"] == {
+        "name": "m-engine-pin",
+        "items": [{"key": "modelDigest", "path": "modelDigest"}],
+    }
     mounts = {m["name"]: m["mountPath"] for m in container(dep)["volumeMounts"]}
-    assert mounts == {"spec": "/etc/kvfleet", "dshm": "/dev/shm", "node-cache": "/var/cache/kvfleet"}
+    assert mounts == {
+        "spec": "/etc/kvfleet",
+        "pin": "/etc/kvfleet-pin",
+        "dshm": "/dev/shm",
+        "node-cache": "/var/cache/kvfleet",
+    }
+
+
+PLATFORM = OperatorSettings(
+    policy=SpecPolicy(
+        node_cache_host_paths=("/var/lib/kvfleet/models", "/var/lib/kvfleet/models/big", "/data/"),
+        image_registries=("*",),
+        priority_classes=(),
+        toleration_keys=(),
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "host_path", "settings", "volume_path", "sub_path"),
+    [
+        ("team-a", "/var/lib/kvfleet/models", PLATFORM, "/var/lib/kvfleet/models", "team-a"),
+        # Asking for another namespace's directory lands below one's own.
+        ("team-a", "/var/lib/kvfleet/models/team-b", PLATFORM, "/var/lib/kvfleet/models", "team-a/team-b"),
+        # A namespace named like the cache's own folders cannot reach into another namespace's cache.
+        ("models", "/var/lib/kvfleet/models/team-b/", PLATFORM, "/var/lib/kvfleet/models", "models/team-b"),
+        # Nested allowed entries: the outermost root holds the namespace level.
+        ("team-a", "/var/lib/kvfleet/models/big", PLATFORM, "/var/lib/kvfleet/models", "team-a/big"),
+        ("team-a", "/data", PLATFORM, "/data", "team-a"),
+        # "*" allows any directory; the namespace still gets its own folder below it.
+        ("team-a", "/mnt/cache", SETTINGS, "/mnt/cache", "team-a"),
+    ],
+    ids=["root", "another-namespace", "namespace-named-models", "nested-roots", "trailing-slash-entry", "any"],
+)
+def test_a_hostpath_node_cache_is_mounted_per_namespace(
+    namespace: str, host_path: str, settings: OperatorSettings, volume_path: str, sub_path: str
+) -> None:
+    s = spec(cache={"nodeCache": {"type": "hostPath", "hostPath": host_path}})
+    dep = render_deployment(Owner("m", namespace, "uid-1"), s, 1, settings)
+    volumes = {v["name"]: v for v in pod(dep)["volumes"]}
+    assert volumes["node-cache"]["hostPath"] == {"path": volume_path, "type": "Directory"}
+    mount = next(m for m in container(dep)["volumeMounts"] if m["name"] == "node-cache")
+    assert mount == {"name": "node-cache", "mountPath": "/var/cache/kvfleet", "subPath": sub_path}
+
+
+def test_an_emptydir_node_cache_needs_no_namespace_folder() -> None:
+    dep = render_deployment(OWNER, spec(), 1, SETTINGS)
+    mount = next(m for m in container(dep)["volumeMounts"] if m["name"] == "node-cache")
+    assert "subPath" not in mount
 
 
 def test_pvc_model_is_mounted_read_only() -> None:
@@ -204,6 +257,7 @@ def test_labels_and_owner_reference_on_every_child() -> None:
     children = render_children(OWNER, spec(), 1, SETTINGS, service_monitor=True)
     assert [c["kind"] for c in children] == [
         "ConfigMap",
+        "ConfigMap",
         "Service",
         "Deployment",
         "PodDisruptionBudget",
@@ -213,14 +267,16 @@ def test_labels_and_owner_reference_on_every_child() -> None:
         assert child["metadata"]["labels"] == names.labels("m")
         ref = child["metadata"]["ownerReferences"][0]
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("InferenceDeployment", "m", "uid-1", True)
-    dep = children[2]
+    assert children[1]["metadata"]["name"] == "m-engine-pin"
+    assert children[1]["data"] == {"modelDigest": "", "model": '{"revision":null,"uri":"s3://model-cache/models/m"}'}
+    dep = children[3]
     assert dep["spec"]["selector"]["matchLabels"] == names.selector("m")
     assert dep["spec"]["template"]["metadata"]["labels"]["kvfleet.io/deployment"] == "m"
-    service = children[1]
+    service = children[2]
     assert service["spec"]["clusterIP"] == "None"
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 8000, "launcher": 9400}
-    assert children[3]["spec"]["maxUnavailable"] == 1
-    assert [e["port"] for e in children[4]["spec"]["endpoints"]] == ["http", "launcher"]
+    assert children[4]["spec"]["maxUnavailable"] == 1
+    assert [e["port"] for e in children[5]["spec"]["endpoints"]] == ["http", "launcher"]
 
 
 def test_no_owner_reference_without_uid_and_no_service_monitor_unless_asked() -> None:

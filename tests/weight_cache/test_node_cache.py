@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -164,6 +165,95 @@ def test_hit_checks_sizes_repairs_and_survives_s3_outage(s3: S3Client, bucket: s
     with pull_model(uri, root, PULL, client=down, expected_digest=first.digest) as offline:
         assert offline.hit and offline.path == first.path
     assert time.monotonic() - started < 30
+
+
+def _plant(path: Path, size: int) -> None:
+    """Replace a cached file with one of the same size and other content (a new inode, as a co-tenant's
+    write through another mount, or a careless copy, would give)."""
+    planted = path.with_name(path.name + ".planted")
+    planted.write_bytes(b"\x00" * size)
+    planted.replace(path)
+
+
+@pytest.mark.parametrize("verify", ["sha256", "stat"])
+def test_a_planted_file_of_the_right_size_is_refused_and_fetched_again(
+    s3: S3Client, bucket: str, tmp_path: Path, verify: str
+) -> None:
+    uri, src = _populate(s3, bucket, tmp_path, "m", 2 * MiB)
+    root = tmp_path / "node-cache"
+    settings = PULL.model_copy(update={"verify_on_hit": verify})
+    with pull_model(uri, root, settings, client=s3) as first:
+        assert not first.hit
+    weights = first.path / "model.safetensors"
+    _plant(weights, 2 * MiB)
+    with pull_model(uri, root, settings, client=s3) as repaired:
+        assert not repaired.hit
+        assert repaired.check.reasons == (
+            "model.safetensors: sha256 differs from the manifest's (a damaged or planted file)",
+        )
+        assert repaired.check.refused_count == 1 and repaired.check.good == {"config.json"}
+        # Only the refused file came again; the one that hashed right was kept.
+        assert repaired.result is not None and repaired.result.downloaded_bytes == 2 * MiB
+        assert tree_bytes(repaired.path) == tree_bytes(src)
+    with pull_model(uri, root, settings, client=s3) as again:
+        assert again.hit and again.check.reasons == ()
+
+
+def test_the_stat_mode_hashes_only_files_touched_since_they_were_verified(
+    s3: S3Client, bucket: str, tmp_path: Path
+) -> None:
+    uri, src = _populate(s3, bucket, tmp_path, "m", 2 * MiB)
+    root = tmp_path / "node-cache"
+    stat_mode = PULL.model_copy(update={"verify_on_hit": "stat"})
+    with pull_model(uri, root, stat_mode, client=s3) as first:
+        pass
+    with pull_model(uri, root, stat_mode, client=s3) as hit:
+        assert hit.hit and hit.check.hashed_bytes == 0  # recorded at the verified download
+    with pull_model(uri, root, PULL, client=s3) as full:
+        assert full.hit and full.check.hashed_bytes == 2 * MiB + 64
+    # Rewritten in place with its old size and mtime put back: ctime moves, so it is hashed and refused.
+    weights = first.path / "model.safetensors"
+    before = weights.stat()
+    with weights.open("r+b") as f:
+        f.write(b"\xff" * 16)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == before.st_mtime_ns and weights.stat().st_size == before.st_size
+    with pull_model(uri, root, stat_mode, client=s3) as repaired:
+        assert not repaired.hit and repaired.check.hashed_bytes == 2 * MiB
+        assert tree_bytes(repaired.path) == tree_bytes(src)
+
+
+def test_a_symlink_in_place_of_a_cached_file_is_refused(s3: S3Client, bucket: str, tmp_path: Path) -> None:
+    uri, src = _populate(s3, bucket, tmp_path, "m", MiB)
+    root = tmp_path / "node-cache"
+    with pull_model(uri, root, PULL, client=s3) as first:
+        pass
+    outside = tmp_path / "elsewhere.safetensors"
+    (first.path / "model.safetensors").replace(outside)  # right size, right content, but outside
+    (first.path / "model.safetensors").symlink_to(outside)
+    with pull_model(uri, root, PULL, client=s3) as repaired:
+        assert repaired.check.reasons == ("model.safetensors: not a regular file inside the model's directory",)
+        assert not (repaired.path / "model.safetensors").is_symlink()
+        assert tree_bytes(repaired.path) == tree_bytes(src)
+    assert outside.exists()  # the link's target was not touched
+
+
+def test_with_s3_down_a_forged_copy_of_the_pinned_manifest_is_refused(
+    s3: S3Client, bucket: str, tmp_path: Path
+) -> None:
+    uri, _ = _populate(s3, bucket, tmp_path, "m", MiB)
+    root = tmp_path / "node-cache"
+    with pull_model(uri, root, PULL, client=s3) as first:
+        pass
+    stored = root / "meta" / f"{first.digest}.manifest"
+    doc = json.loads(stored.read_bytes())
+    doc["files"][0]["sha256"] = "0" * 64
+    stored.write_text(json.dumps(doc))
+    down = make_client(
+        S3Settings(endpoint_url=f"http://127.0.0.1:{pick_free_port()}", region="us-east-1", request_attempts=1)
+    )
+    with pytest.raises(ManifestError, match=r"node cache's manifest of .* hashes to .*; refusing it"):
+        pull_model(uri, root, PULL, client=down, expected_digest=first.digest)
 
 
 HOLD = """
