@@ -88,6 +88,10 @@ def _env(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> list[dict
         # By reference only: the operator never reads the Secret, so it needs no RBAC on Secrets.
         for key in CREDENTIAL_KEYS:
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": cache.credentials_secret, "key": key}}})
+    if cache.artifacts.enabled:
+        env.append({"name": "KVFLEET_ARTIFACTS_WORK", "value": names.ARTIFACTS_WORK_MOUNT})
+    # Never a signing key (KVFLEET_ARTIFACT_SIGNING_KEY) or write credentials of the platform's:
+    # engine pods only verify artifacts, against the public keys beside spec.json.
     env.extend(_env_var(v) for v in spec.engine.env)
     return env
 
@@ -110,15 +114,15 @@ def _resources(spec: InferenceDeploymentSpec) -> dict[str, Any]:
     return out
 
 
-def _volumes(name: str, spec: InferenceDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(
+    name: str, spec: InferenceDeploymentSpec, settings: OperatorSettings
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    items = [{"key": names.SPEC_FILE, "path": names.SPEC_FILE}]
+    artifacts = spec.cache.artifacts.enabled
+    if artifacts and settings.artifact_public_keys is not None:
+        items.append({"key": names.ARTIFACT_KEYS_FILE, "path": names.ARTIFACT_KEYS_FILE})
     volumes: list[dict[str, Any]] = [
-        {
-            "name": "spec",
-            "configMap": {
-                "name": names.spec_configmap_name(name),
-                "items": [{"key": names.SPEC_FILE, "path": names.SPEC_FILE}],
-            },
-        },
+        {"name": "spec", "configMap": {"name": names.spec_configmap_name(name), "items": items}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
     ]
     mounts: list[dict[str, Any]] = [
@@ -137,6 +141,10 @@ def _volumes(name: str, spec: InferenceDeploymentSpec) -> tuple[list[dict[str, A
             empty["sizeLimit"] = node_cache.size_limit
         volumes.append({"name": "node-cache", "emptyDir": empty})
     mounts.append({"name": "node-cache", "mountPath": names.NODE_CACHE_MOUNT})
+    if artifacts:
+        # The launcher unpacks checked artifacts here, not on the node cache a co-tenant may share.
+        volumes.append({"name": "artifacts-work", "emptyDir": {}})
+        mounts.append({"name": "artifacts-work", "mountPath": names.ARTIFACTS_WORK_MOUNT})
     if spec.model.uri.startswith("pvc://"):
         claim = spec.model.uri[len("pvc://") :].split("/", 1)[0]
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -183,7 +191,7 @@ def _scheduling(name: str, spec: InferenceDeploymentSpec) -> dict[str, Any]:
 
 def render_pod_template(name: str, spec: InferenceDeploymentSpec, settings: OperatorSettings) -> dict[str, Any]:
     """The Deployment's ``spec.template``."""
-    volumes, mounts = _volumes(name, spec)
+    volumes, mounts = _volumes(name, spec, settings)
     period = settings.probe_period_s
     startup_failures = math.ceil(startup_budget_s(spec, settings) / period)
     container: dict[str, Any] = {

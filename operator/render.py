@@ -79,12 +79,16 @@ def spec_json(owner: Owner, spec: InferenceDeploymentSpec) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def render_configmap(owner: Owner, spec: InferenceDeploymentSpec) -> dict[str, Any]:
+def render_configmap(owner: Owner, spec: InferenceDeploymentSpec, settings: OperatorSettings) -> dict[str, Any]:
+    data = {names.SPEC_FILE: spec_json(owner, spec)}
+    if spec.cache.artifacts.enabled and settings.artifact_public_keys is not None:
+        # Public keys only, in a ConfigMap: a key rotation reaches the next launch without rolling pods.
+        data[names.ARTIFACT_KEYS_FILE] = settings.artifact_public_keys
     return {
         "apiVersion": CONFIGMAP.api_version,
         "kind": CONFIGMAP.kind,
         "metadata": _metadata(owner, names.spec_configmap_name(owner.name)),
-        "data": {names.SPEC_FILE: spec_json(owner, spec)},
+        "data": data,
     }
 
 
@@ -164,7 +168,7 @@ def render_children(
 ) -> list[dict[str, Any]]:
     """Every child in apply order: the ConfigMap before the pods that mount it."""
     children = [
-        render_configmap(owner, spec),
+        render_configmap(owner, spec, settings),
         render_service(owner, settings),
         render_deployment(owner, spec, replicas, settings),
         render_pdb(owner),
