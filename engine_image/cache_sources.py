@@ -158,8 +158,8 @@ class CacheArtifacts:
     def restore_local(self, fp: Fingerprint, dest: Path) -> ArtifactPullResult:
         try:
             return restore_node_copy(self._node_root, fp, self._trust, dest)
-        except WeightCacheError as e:
-            raise LaunchError("artifacts", str(e)) from e
+        except (WeightCacheError, OSError) as e:
+            raise LaunchError("artifacts", f"node copy of {fp.key}: {e}") from e
 
     def describe(self, fp: Fingerprint) -> ArtifactOffer:
         return describe_artifact(self._client, self._location, fp, trust=self._trust)

@@ -237,7 +237,11 @@ class Launcher:
             directory = await self._in_thread(self._fresh_work_dir, fp)
             state = self._artifacts
             state.fingerprint, state.directory = fp, directory
-            local = await self._in_thread(store.restore_local, fp, directory)
+            try:
+                local = await self._in_thread(store.restore_local, fp, directory)
+            except LaunchError as e:
+                _log_event("artifacts_unavailable", fingerprint=fp.key, reason=e.reason)
+                local = ArtifactPullResult(hit=False, reason=e.reason, key=fp.key, warning=True)
             if local.hit:
                 state.hit, source = True, "node-cache"
                 detail.update(reason=local.reason)
@@ -253,6 +257,12 @@ class Launcher:
     def _fresh_work_dir(self, fp: Fingerprint) -> Path:
         root = self.settings.artifacts_work_dir
         root.mkdir(parents=True, exist_ok=True)
+        if self.settings.artifacts_work_root is not None:
+            # The pod's own emptyDir: only an earlier run of this container wrote here (a crash
+            # loop would otherwise pile up one unpacked artifact per restart). Outside a pod the
+            # default root may be shared by concurrent launchers, so nothing is removed there.
+            for leftover in root.iterdir():
+                shutil.rmtree(leftover, ignore_errors=True)
         return Path(tempfile.mkdtemp(prefix=f"{fp.key[:16]}-", dir=root))
 
     def _refused(self, fp: Fingerprint, where: str, refusal: str, reason: str) -> None:

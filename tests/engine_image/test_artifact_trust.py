@@ -58,6 +58,10 @@ async def launch(
             "artifacts_work_root": tmp_path / f"pod-{uuid.uuid4().hex[:6]}",
         }
     )
+    # What a crashed earlier run of this container left in the pod's own emptyDir is removed.
+    leftover = settings.artifacts_work_dir / "leftover" / "kernel.py"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text("stale")
     store = CacheArtifacts(s3, where, TRUST, settings.artifacts_dir, signer)
     deps = LaunchDeps(weights=LocalWeights(tmp_path), artifacts=store, render=standin(), engine_stderr=io.BytesIO())
     launcher = Launcher(make_launch(model_dir, artifacts=True), settings, deps)
