@@ -80,8 +80,17 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def env_for(endpoint: str, node: Path) -> dict[str, str]:
+# Set in main(): the trusted builder's signing key and the public key every launch trusts. Runs that
+# push (cold, node-warm) run as the platform's builder; the others as engine pods (public key only).
+ARTIFACT_KEYS: dict[str, Path] = {}
+
+
+def env_for(endpoint: str, node: Path, builder: bool = False) -> dict[str, str]:
     env = dict(os.environ)
+    if ARTIFACT_KEYS:
+        env["KVFLEET_ARTIFACT_KEYS"] = str(ARTIFACT_KEYS["public"])
+        if builder:
+            env["KVFLEET_ARTIFACT_SIGNING_KEY"] = str(ARTIFACT_KEYS["private"])
     env.update(
         AWS_ENDPOINT_URL=endpoint,
         AWS_DEFAULT_REGION="us-east-1",
@@ -101,7 +110,8 @@ def run_launcher(spec: dict[str, Any], node: Path, endpoint: str, work: Path, wa
     argv = [sys.executable, "-m", "kvfleet.cli", "engine", "launch", "--spec", str(spec_path)]
     argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--engine-port", str(engine_port)]
     started = time.monotonic()
-    process = subprocess.Popen(argv, env=env_for(endpoint, node), stdout=log, stderr=subprocess.STDOUT)
+    env = env_for(endpoint, node, builder=wait_push)
+    process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = started + START_TIMEOUT_S
         report: dict[str, Any] | None = None
@@ -322,6 +332,11 @@ def main() -> None:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
     work = Path(tempfile.mkdtemp(prefix="kvfleet-bench-coldstart-"))
+    from kvfleet.weight_cache.signing import generate_key_pair, public_pem
+
+    ARTIFACT_KEYS["private"] = work / "artifact-signing.pem"
+    ARTIFACT_KEYS["public"] = work / "artifact-keys.pem"
+    ARTIFACT_KEYS["public"].write_text(public_pem(generate_key_pair(ARTIFACT_KEYS["private"]).public_key()))
     port = pick_free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

@@ -4,6 +4,9 @@ An artifact built for one engine version, model, GPU or flag set is never loaded
 fingerprint (``kvfleet.weight_cache.fingerprint``) covers everything that changes the compiled
 result (ARCHITECTURE.md). The launcher computes it with the same function as
 ``kvfleet artifacts fingerprint``, so artifacts prebuilt with that command are found here.
+
+Nothing on the node marks artifacts as trusted: every use re-checks the signed node copy
+(``kvfleet.weight_cache.artifact_node``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 from collections.abc import Sequence
-from pathlib import Path
 
 from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint, cpu_capability, detect_accelerator, fingerprint
@@ -19,11 +21,6 @@ from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint, cpu_capab
 # The distribution whose version identifies each engine kind's compiled code.
 ENGINE_DISTRIBUTIONS = {"vllm": "vllm", "sglang": "sglang", "reference": "kvfleet"}
 CPU = Accelerator(gpu_product="cpu", cuda_version=None, driver_version=None, device_count=0)
-
-
-# Written into an artifacts directory once it is known complete (restored from the bucket, or
-# pushed after a miss), so the next launch on this node uses it without asking the bucket.
-COMPLETE_MARKER = ".kvfleet-complete"
 
 
 def distribution_version(name: str) -> str:
@@ -56,11 +53,3 @@ def artifact_fingerprint(
         engine_args=engine_argv,
         torch_version=distribution_version("torch"),
     )
-
-
-def is_complete(directory: Path) -> bool:
-    return (directory / COMPLETE_MARKER).is_file()
-
-
-def mark_complete(directory: Path) -> None:
-    (directory / COMPLETE_MARKER).write_text("ok\n")

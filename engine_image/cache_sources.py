@@ -9,7 +9,8 @@ Where a model's weights are in the bucket:
   never reach the Hugging Face hub themselves (a populate job does, once).
 
 Weight-cache errors become :class:`LaunchError` in the ``pull`` phase here, once; artifact errors
-become misses (artifacts make a start faster, they never make it fail).
+become misses (artifacts make a start faster, they never make it fail), and artifacts that are not
+signed by a trusted key, or do not match what was signed, are refused with the reason.
 """
 
 from __future__ import annotations
@@ -33,13 +34,17 @@ from kvfleet.weight_cache import (
     pull_model,
     push_artifacts,
 )
+from kvfleet.weight_cache.artifact_node import keep_node_copy, restore_node_copy
+from kvfleet.weight_cache.artifacts import ArtifactPullResult
 from kvfleet.weight_cache.fingerprint import Fingerprint
 from kvfleet.weight_cache.progress import TransferProgress
 from kvfleet.weight_cache.s3 import S3Client, cache_uri_for
+from kvfleet.weight_cache.signing import ArtifactSigner, ArtifactTrust
 
 from .errors import LaunchError
 from .launch_spec import LaunchSpec
 from .model_pin import pin_refusal
+from .settings import LauncherSettings
 from .sources import PulledWeights
 
 log = logging.getLogger(__name__)
@@ -131,33 +136,74 @@ class CacheWeights:
 
 
 class CacheArtifacts:
-    """Artifacts under ``s3://<cache.bucket>/<cache.artifacts.prefix>``."""
+    """Artifacts under ``s3://<cache.bucket>/<cache.artifacts.prefix>``, signed node copies under
+    ``node_root``; loaded only when signed by a key in ``trust`` (weight_cache/signing.py)."""
 
-    def __init__(self, client: S3Client, location: str) -> None:
+    def __init__(
+        self,
+        client: S3Client,
+        location: str,
+        trust: ArtifactTrust,
+        node_root: Path,
+        signer: ArtifactSigner | None = None,
+    ) -> None:
         self._client = client
         self._location = location
+        self._trust = trust
+        self._node_root = node_root
+        self._signer = signer
 
     @classmethod
-    def for_spec(cls, spec: InferenceDeploymentSpec, client: S3Client | None = None) -> CacheArtifacts | None:
+    def for_spec(
+        cls, spec: InferenceDeploymentSpec, settings: LauncherSettings, client: S3Client | None = None
+    ) -> CacheArtifacts | None:
         if not spec.cache.artifacts.enabled or spec.cache.bucket is None:
             return None
         location = f"s3://{spec.cache.bucket}/{spec.cache.artifacts.prefix}"
-        return cls(client or make_client(s3_settings(spec)), location)
+        try:
+            trust = ArtifactTrust.from_file(settings.artifact_keys_path)
+            signer = None
+            if settings.artifact_signing_key_path is not None:
+                signer = ArtifactSigner.from_file(settings.artifact_signing_key_path)
+        except WeightCacheError as e:
+            raise LaunchError("artifacts", str(e)) from e
+        return cls(client or make_client(s3_settings(spec)), location, trust, settings.artifacts_dir, signer)
+
+    @property
+    def can_push(self) -> bool:
+        return self._signer is not None
+
+    def restore_local(self, fp: Fingerprint, dest: Path) -> ArtifactPullResult:
+        try:
+            return restore_node_copy(self._node_root, fp, self._trust, dest)
+        except (WeightCacheError, OSError) as e:
+            raise LaunchError("artifacts", f"node copy of {fp.key}: {e}") from e
 
     def describe(self, fp: Fingerprint) -> ArtifactOffer:
-        return describe_artifact(self._client, self._location, fp)
+        return describe_artifact(self._client, self._location, fp, trust=self._trust)
 
-    def fetch(self, fp: Fingerprint, dest: Path, offer: ArtifactOffer) -> bool:
+    def fetch(self, fp: Fingerprint, dest: Path, offer: ArtifactOffer) -> ArtifactPullResult:
+        def keep(tar: Path, verified: ArtifactOffer) -> None:
+            keep_node_copy(self._node_root, fp, tar, verified)
+
         try:
-            result = pull_artifacts(self._client, self._location, fp, dest, offer=offer)
+            result = pull_artifacts(self._client, self._location, fp, dest, trust=self._trust, offer=offer, keep=keep)
         except WeightCacheError as e:
             raise LaunchError("artifacts", str(e)) from e
         if not result.hit:
             log.info("artifacts %s: miss (%s)", fp.key, result.reason)
-        return result.hit
+        return result
 
     def push(self, fp: Fingerprint, src: Path, build_seconds: float | None) -> None:
+        if self._signer is None:
+            raise LaunchError("serve", "artifact push needs a signing key; this launcher holds none")
+
+        def keep(tar: Path, signed: ArtifactOffer) -> None:
+            keep_node_copy(self._node_root, fp, tar, signed)
+
         try:
-            push_artifacts(self._client, src, self._location, fp, build_seconds=build_seconds)
+            push_artifacts(
+                self._client, src, self._location, fp, signer=self._signer, build_seconds=build_seconds, keep=keep
+            )
         except WeightCacheError as e:
             raise LaunchError("serve", f"artifact push failed: {e}") from e

@@ -25,7 +25,7 @@ def default_deps(launch: LaunchSpec, settings: LauncherSettings) -> LaunchDeps:
         weights = LocalWeights(settings.pvc_mount_root)
     else:
         weights = CacheWeights(settings.node_cache_dir)
-    return LaunchDeps(weights=weights, artifacts=CacheArtifacts.for_spec(launch.spec))
+    return LaunchDeps(weights=weights, artifacts=CacheArtifacts.for_spec(launch.spec, settings))
 
 
 TERMINATION_LOG = Path(os.environ.get("KVFLEET_TERMINATION_LOG", "/dev/termination-log"))

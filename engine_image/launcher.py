@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -29,11 +30,12 @@ import aiohttp
 from aiohttp import web
 
 from kvfleet.spec import InferenceDeploymentSpec
+from kvfleet.weight_cache.artifacts import ArtifactOffer, ArtifactPullResult
 from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint
 from kvfleet.weight_cache.progress import PullTracker
 
 from .artifact_decision import choose_rate, decide, measured_rate, read_node_rate, record_node_rate
-from .artifacts import artifact_fingerprint, is_complete, mark_complete, probe_accelerator
+from .artifacts import artifact_fingerprint, probe_accelerator
 from .engine_args import (
     REFERENCE_ARTIFACTS_SUBDIR,
     REFERENCE_COMPILE_REPORT,
@@ -242,29 +244,55 @@ class Launcher:
             accelerator = await self._in_thread(self.deps.accelerator, spec.resources.gpus >= 1)
             # Compile-relevant flags come from the command the engine will run (paths do not matter).
             fp = artifact_fingerprint(spec, weights.digest, accelerator, self._render(_DRY_RUN_MODEL, None).argv)
-            directory = self.settings.artifacts_dir / fp.key
+            # A fresh directory of this launch's own: artifacts are unpacked here only after their
+            # signature and bytes were checked, and the engine's writes here are never trusted later.
+            directory = await self._in_thread(self._fresh_work_dir, fp)
             state = self._artifacts
             state.fingerprint, state.directory = fp, directory
-            if is_complete(directory):
+            try:
+                local = await self._in_thread(store.restore_local, fp, directory)
+            except LaunchError as e:
+                _log_event("artifacts_unavailable", fingerprint=fp.key, reason=e.reason)
+                local = ArtifactPullResult(hit=False, reason=e.reason, key=fp.key, warning=True)
+            if local.hit:
                 state.hit, source = True, "node-cache"
+                detail.update(reason=local.reason)
             else:
-                # A directory left by an earlier launch that never completed is not trusted.
-                await self._in_thread(shutil.rmtree, directory, True)
+                if local.refusal is not None:
+                    self._refused(fp, "node", local.refusal, local.reason)
+                    detail.update(nodeRefused=local.refusal, nodeReason=local.reason)
                 state.hit, source = await self._from_bucket(store, fp, directory, detail)
-                if state.hit:
-                    mark_complete(directory)
-            directory.mkdir(parents=True, exist_ok=True)
             detail.update(enabled=True, fingerprint=fp.key, hit=state.hit, source=source)
         self.metrics.set_cache_hit("artifacts", state.hit)
         return directory
 
+    def _fresh_work_dir(self, fp: Fingerprint) -> Path:
+        root = self.settings.artifacts_work_dir
+        root.mkdir(parents=True, exist_ok=True)
+        if self.settings.artifacts_work_root is not None:
+            # The pod's own emptyDir: only an earlier run of this container wrote here (a crash
+            # loop would otherwise pile up one unpacked artifact per restart). Outside a pod the
+            # default root may be shared by concurrent launchers, so nothing is removed there.
+            for leftover in root.iterdir():
+                shutil.rmtree(leftover, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=f"{fp.key[:16]}-", dir=root))
+
+    def _refused(self, fp: Fingerprint, where: str, refusal: str, reason: str) -> None:
+        """An artifact that is there but never loaded: logged with why, and counted."""
+        self.metrics.artifacts_refused.labels(reason=refusal, where=where).inc()
+        _log_event("artifacts_refused", fingerprint=fp.key, where=where, refused=refusal, reason=reason)
+
     async def _from_bucket(
         self, store: ArtifactStore, fp: Fingerprint, directory: Path, detail: dict[str, Any]
     ) -> tuple[bool, str]:
-        """Fetch the artifact when the bucket has one and fetching it beats rebuilding; (hit, source)."""
+        """Fetch the artifact when the bucket has a trusted one and fetching it beats rebuilding; (hit, source)."""
         offer = await self._in_thread(store.describe, fp)
         if not offer.found:
             detail.update(reason=offer.reason)
+            if offer.refusal is not None:
+                self._refused(fp, "bucket", offer.refusal, offer.reason)
+                detail.update(refused=offer.refusal)
+                return False, "refused"
             return False, "miss"
         root = self.settings.artifacts_dir
         pull = self.recorder.records.get("pull")
@@ -285,22 +313,35 @@ class Launcher:
         if not decision.use:
             return False, "skipped"
         started = self.deps.clock()
-        hit = await self._fetch_artifacts(store, fp, directory, offer)
+        result = await self._fetch_artifacts(store, fp, directory, offer)
         seconds = self.deps.clock() - started
         detail.update(fetchSeconds=round(seconds, 4))
-        sample = measured_rate(offer.size_bytes, seconds, "node record") if hit else None
+        if not result.hit:
+            detail.update(reason=result.reason)
+            if result.refusal is not None:
+                self._refused(fp, "bucket", result.refusal, result.reason)
+                detail.update(refused=result.refusal)
+                return False, "refused"
+            return False, "miss"
+        sample = measured_rate(offer.size_bytes, seconds, "node record")
         if sample is not None:
             await self._in_thread(record_node_rate, root, sample)
-        return hit, "bucket" if hit else "miss"
+        return True, "bucket"
 
-    async def _fetch_artifacts(self, store: ArtifactStore, fp: Fingerprint, directory: Path, offer: Any) -> bool:
+    async def _fetch_artifacts(
+        self, store: ArtifactStore, fp: Fingerprint, directory: Path, offer: ArtifactOffer
+    ) -> ArtifactPullResult:
         # Artifacts only make a start faster: a bucket that fails here costs a rebuild, not the launch.
         try:
-            return await self._in_thread(store.fetch, fp, directory, offer)
+            result = await self._in_thread(store.fetch, fp, directory, offer)
         except LaunchError as e:
             _log_event("artifacts_unavailable", fingerprint=fp.key, reason=e.reason)
+            result = ArtifactPullResult(hit=False, reason=e.reason, key=fp.key, warning=True)
+        if not result.hit:
+            # The engine builds into the directory instead: it must start empty.
             await self._in_thread(shutil.rmtree, directory, True)
-            return False
+            await self._in_thread(functools.partial(directory.mkdir, parents=True, exist_ok=True))
+        return result
 
     async def _start_engine(self, command: EngineCommand) -> EngineProcess:
         for note in command.notes:
@@ -332,7 +373,6 @@ class Launcher:
             reason = e.reason if isinstance(e, LaunchError) else f"timed out after {limit_s:g} s"
             _log_event("artifacts_push_failed", fingerprint=state.fingerprint.key, reason=reason)
             return
-        mark_complete(state.directory)
         state.pushed = True
         self.metrics.artifacts_pushed.set(1)
         _log_event("artifacts_pushed", fingerprint=state.fingerprint.key, seconds=round(self.deps.clock() - start, 4))
@@ -383,9 +423,18 @@ class Launcher:
         total = self.recorder.total_seconds()
         self.metrics.set_total(total)
         _log_event("coldstart", totalSeconds=round(total, 4), servedName=self.launch.served_name)
-        if self._artifacts.directory is not None and not self._artifacts.hit:
-            # After first_ready, so building and uploading the tar never delays readiness.
-            self._push_task = asyncio.create_task(self._push_artifacts(), name="artifacts-push")
+        state, store = self._artifacts, self.deps.artifacts
+        if state.directory is not None and not state.hit and store is not None:
+            if store.can_push:
+                # After first_ready, so building and uploading the tar never delays readiness.
+                self._push_task = asyncio.create_task(self._push_artifacts(), name="artifacts-push")
+            else:
+                _log_event(
+                    "artifacts_push_skipped",
+                    fingerprint=state.fingerprint.key if state.fingerprint else None,
+                    reason="this launcher holds no artifact signing key (engine pods never do); "
+                    "a trusted builder signs and pushes artifacts",
+                )
         code = await engine.wait()
         _log_event("engine_exited", code=code, signal=self._stop_signal)
         return code
@@ -422,6 +471,9 @@ class Launcher:
             if self._engine.returncode is None:
                 await self._engine.stop(self.settings.stop)
             await self._engine.aclose()
+        if self._artifacts.directory is not None:
+            # This launch's unpacked copy: the signed node copy serves the next launch.
+            await self._in_thread(shutil.rmtree, self._artifacts.directory, True)
         if self._weights is not None and self._weights.release is not None:
             self._weights.release()
         await runner.cleanup()

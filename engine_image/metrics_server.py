@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -80,6 +80,13 @@ class ColdStartMetrics:
         self.artifacts_pushed = Gauge(
             "kvfleet_coldstart_artifacts_pushed",
             "1 once artifacts built by this launch were pushed to the cache after a miss.",
+            registry=self.registry,
+        )
+        self.artifacts_refused = Counter(
+            "kvfleet_coldstart_artifacts_refused",
+            "Artifacts found but never loaded, by why (unsigned, untrusted-key, bad-signature, "
+            "identity-mismatch, content-mismatch, no-trust) and where (node, bucket).",
+            ["reason", "where"],
             registry=self.registry,
         )
 

@@ -24,6 +24,9 @@ DEFAULT_SPEC_PATH = Path("/etc/kvfleet/spec.json")
 DEFAULT_NODE_CACHE = Path("/var/cache/kvfleet")
 # Where the operator mounts a pvc:// model's claim: <root>/<claim>/<path inside the claim>.
 PVC_MOUNT_ROOT = Path("/mnt/kvfleet/pvc")
+# The public keys whose artifact signatures this pod accepts: the operator writes the platform's
+# keys into the deployment's ConfigMap beside spec.json. No file: no artifact is ever loaded.
+DEFAULT_ARTIFACT_KEYS = Path("/etc/kvfleet/artifact-keys.pem")
 
 
 def _port(value: int, name: str) -> int:
@@ -48,6 +51,14 @@ class LauncherSettings:
     metrics_port: int = 9400
     # Pushing artifacts after a miss runs in the background; it gets this long before it is dropped.
     artifact_push_timeout_s: float = 600.0
+    artifact_keys_path: Path = DEFAULT_ARTIFACT_KEYS
+    # Only a trusted builder the platform runs sets this ($KVFLEET_ARTIFACT_SIGNING_KEY); the
+    # operator never renders it into engine pods, which therefore never push artifacts.
+    artifact_signing_key_path: Path | None = None
+    # Where artifacts are unpacked for this launch: a directory no other pod writes (the pod's own
+    # emptyDir, $KVFLEET_ARTIFACTS_WORK), so nothing changes them between the check and the load.
+    # None: <node cache>/artifacts-work (outside a pod).
+    artifacts_work_root: Path | None = None
     readiness: ReadinessSettings = field(default_factory=ReadinessSettings)
     stop: StopSettings = field(default_factory=StopSettings)
     reference: ReferenceEngineSizing = field(default_factory=ReferenceEngineSizing)
@@ -76,7 +87,12 @@ class LauncherSettings:
 
     @property
     def artifacts_dir(self) -> Path:
+        """Signed node copies of artifacts (shared by the node's pods, checked on every use)."""
         return self.node_cache_dir / "artifacts"
+
+    @property
+    def artifacts_work_dir(self) -> Path:
+        return self.artifacts_work_root or self.node_cache_dir / "artifacts-work"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> LauncherSettings:
@@ -94,5 +110,12 @@ class LauncherSettings:
                     f"KVFLEET_DRAIN_TIMEOUT_S must be a number of seconds, got {environ['KVFLEET_DRAIN_TIMEOUT_S']!r}"
                 ) from None
             values["stop"] = StopSettings(grace_s=grace_s)
+        for env, name in (
+            ("KVFLEET_ARTIFACT_KEYS", "artifact_keys_path"),
+            ("KVFLEET_ARTIFACT_SIGNING_KEY", "artifact_signing_key_path"),
+            ("KVFLEET_ARTIFACTS_WORK", "artifacts_work_root"),
+        ):
+            if environ.get(env):
+                values[name] = Path(environ[env])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvfleet.weight_cache.artifacts import ArtifactOffer
+from kvfleet.weight_cache.artifacts import ArtifactOffer, ArtifactPullResult
 from kvfleet.weight_cache.fingerprint import Fingerprint
 from kvfleet.weight_cache.progress import TransferProgress
 
@@ -54,18 +54,29 @@ class WeightPuller(Protocol):
 
 
 class ArtifactStore(Protocol):
-    """Fingerprinted engine artifacts (compile caches) in the weight cache bucket."""
+    """Fingerprinted engine artifacts (compile caches) in the weight cache bucket, with a signed
+    copy on the node. Only artifacts signed by a trusted key, for this fingerprint, whose bytes
+    match are restored; the others are refused with a ``refusal`` and a reason."""
 
-    def describe(self, fp: Fingerprint) -> ArtifactOffer:
-        """What the bucket holds for ``fp`` (size, build time), read before fetching anything."""
+    @property
+    def can_push(self) -> bool:
+        """Whether this launcher holds a signing key (never in engine pods the operator renders)."""
         ...
 
-    def fetch(self, fp: Fingerprint, dest: Path, offer: ArtifactOffer) -> bool:
-        """Unpack the artifacts for ``fp`` into ``dest`` (absent or empty); False when there are none."""
+    def restore_local(self, fp: Fingerprint, dest: Path) -> ArtifactPullResult:
+        """Unpack the node's signed copy for ``fp`` into ``dest`` (empty) after checking it again."""
+        ...
+
+    def describe(self, fp: Fingerprint) -> ArtifactOffer:
+        """What the bucket holds for ``fp`` (size, build time), checked before fetching anything."""
+        ...
+
+    def fetch(self, fp: Fingerprint, dest: Path, offer: ArtifactOffer) -> ArtifactPullResult:
+        """Download, verify and unpack the artifacts for ``fp`` into ``dest`` (empty), keeping a node copy."""
         ...
 
     def push(self, fp: Fingerprint, src: Path, build_seconds: float | None) -> None:
-        """Upload ``src`` as the artifacts for ``fp``, recording the start-up work it replaces."""
+        """Upload and sign ``src`` as the artifacts for ``fp``, recording the start-up work it replaces."""
         ...
 
 

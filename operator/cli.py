@@ -50,6 +50,12 @@ def operator() -> None:
     help="YAML policy on what a spec may ask for (nodeCacheHostPaths, imageRegistries, priorityClasses, "
     "tolerationKeys; '*' allows any); without it nothing is restricted.",
 )
+@click.option(
+    "--artifact-keys-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="PEM Ed25519 public keys whose artifact signatures engine pods accept; without it engine pods "
+    "load no artifact.",
+)
 def run(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
@@ -62,6 +68,7 @@ def run(
     priority: int | None,
     peering_lifetime_s: int | None,
     policy_file: Path | None,
+    artifact_keys_file: Path | None,
 ) -> None:
     """Run the operator (in a pod, or against the current kubeconfig)."""
     from .runner import run_operator
@@ -85,9 +92,11 @@ def run(
     try:
         if policy_file is not None:
             values["policy"] = load_policy(policy_file)
+        if artifact_keys_file is not None:
+            values["artifact_public_keys"] = artifact_keys_file.read_text()
         settings = OperatorSettings.model_validate(values)
     except (ValidationError, yaml.YAMLError, OSError) as e:
-        raise click.UsageError(f"{policy_file or 'settings'}: {e}") from e
+        raise click.UsageError(f"{policy_file or artifact_keys_file or 'settings'}: {e}") from e
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if policy_file is None:
         logging.getLogger(__name__).warning("no --policy-file: every spec may use any host path, image and priority")

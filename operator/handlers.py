@@ -22,6 +22,8 @@ from .kube import KubeError, Unavailable
 from .reconcile import Outcome, Reconciler
 from .settings import FINALIZER, KOPF_PREFIX, OperatorSettings
 
+TIMER_EXIT_POLL_S = 1.0  # how often a deletion checks that a running timer has exited
+
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     """Where kopf keeps its bookkeeping, and how it posts events and peers.
@@ -40,6 +42,10 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
     settings.posting.reporting_component = "kvfleet-operator"
+    # A timer caught mid-run by a deletion holds the finalizer until kopf polls it again, 60 s by
+    # default: a deleted deployment kept its served name (and another namespace waited for it) for
+    # a minute. Our timers are short API reads, so polling every second frees it promptly.
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_S
     # Serve the resources found at startup only: no list/watch on CRDs and namespaces in RBAC.
     # The chart installs the CRD before the operator; a new CRD version needs an operator restart.
     settings.scanning.disabled = True

@@ -11,6 +11,10 @@ ENGINE_APP = "kvfleet-engine"
 
 SPEC_MOUNT_DIR = "/etc/kvfleet"
 SPEC_FILE = "spec.json"
+# Beside spec.json: the public keys whose artifact signatures the launcher accepts (its default path).
+ARTIFACT_KEYS_FILE = "artifact-keys.pem"
+# The pod's own emptyDir where the launcher unpacks checked artifacts (no other pod can write it).
+ARTIFACTS_WORK_MOUNT = "/var/lib/kvfleet/artifacts-work"
 NODE_CACHE_MOUNT = "/var/cache/kvfleet"
 # The pinned model digest: one file, PIN_KEY, in its own ConfigMap volume (the launcher's default).
 # Beside the spec's mount, not inside it: a mount point inside a ConfigMap volume is not portable.

@@ -89,6 +89,10 @@ def _env(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> list[dict
         # By reference only: the operator never reads the Secret, so it needs no RBAC on Secrets.
         for key in CREDENTIAL_KEYS:
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": cache.credentials_secret, "key": key}}})
+    if cache.artifacts.enabled:
+        env.append({"name": "KVFLEET_ARTIFACTS_WORK", "value": names.ARTIFACTS_WORK_MOUNT})
+    # Never a signing key (KVFLEET_ARTIFACT_SIGNING_KEY) or write credentials of the platform's:
+    # engine pods only verify artifacts, against the public keys beside spec.json.
     env.extend(_env_var(v) for v in spec.engine.env)
     return env
 
@@ -125,14 +129,12 @@ def node_cache_host_volume(namespace: str, host_path: str, settings: OperatorSet
 def _volumes(
     name: str, namespace: str, spec: InferenceDeploymentSpec, settings: OperatorSettings
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    items = [{"key": names.SPEC_FILE, "path": names.SPEC_FILE}]
+    artifacts = spec.cache.artifacts.enabled
+    if artifacts and settings.artifact_public_keys is not None:
+        items.append({"key": names.ARTIFACT_KEYS_FILE, "path": names.ARTIFACT_KEYS_FILE})
     volumes: list[dict[str, Any]] = [
-        {
-            "name": "spec",
-            "configMap": {
-                "name": names.spec_configmap_name(name),
-                "items": [{"key": names.SPEC_FILE, "path": names.SPEC_FILE}],
-            },
-        },
+        {"name": "spec", "configMap": {"name": names.spec_configmap_name(name), "items": items}},
         {
             # The model digest the deployment pinned (empty until the first pod served one). A
             # ConfigMap volume follows the ConfigMap's changes without a new pod template, so
@@ -166,6 +168,10 @@ def _volumes(
             empty["sizeLimit"] = node_cache.size_limit
         volumes.append({"name": "node-cache", "emptyDir": empty})
         mounts.append({"name": "node-cache", "mountPath": names.NODE_CACHE_MOUNT})
+    if artifacts:
+        # The launcher unpacks checked artifacts here, not on the node cache a co-tenant may share.
+        volumes.append({"name": "artifacts-work", "emptyDir": {}})
+        mounts.append({"name": "artifacts-work", "mountPath": names.ARTIFACTS_WORK_MOUNT})
     if spec.model.uri.startswith("pvc://"):
         claim = spec.model.uri[len("pvc://") :].split("/", 1)[0]
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})

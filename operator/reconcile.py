@@ -202,9 +202,9 @@ class Reconciler:
         decision = decide_replicas(spec, live_status.get("desiredReplicas") if autoscaling else None)
         # The pin is decided before the children are rendered: a reset (spec.model changed) reaches
         # its ConfigMap before the Deployment's new pods start, and a new pin is written in this pass.
-        measured, served = await self._measure_cold_start(namespace, name, deployment_live, pod_spec_hash(spec))
+        measured, report = await self._measure_cold_start(namespace, name, deployment_live, pod_spec_hash(spec))
         live_pin = await self._client.get(ref_of(CONFIGMAP), namespace, names.pin_configmap_name(name))
-        pin = decide_pin(spec, pin_from_configmap(live_pin), served.model_digest if served else None)
+        pin = decide_pin(spec, pin_from_configmap(live_pin), report.model_digest if report else None)
         children = render_children(
             owner,
             spec,

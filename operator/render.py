@@ -80,12 +80,16 @@ def spec_json(owner: Owner, spec: InferenceDeploymentSpec) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def render_configmap(owner: Owner, spec: InferenceDeploymentSpec) -> dict[str, Any]:
+def render_configmap(owner: Owner, spec: InferenceDeploymentSpec, settings: OperatorSettings) -> dict[str, Any]:
+    data = {names.SPEC_FILE: spec_json(owner, spec)}
+    if spec.cache.artifacts.enabled and settings.artifact_public_keys is not None:
+        # Public keys only, in a ConfigMap: a key rotation reaches the next launch without rolling pods.
+        data[names.ARTIFACT_KEYS_FILE] = settings.artifact_public_keys
     return {
         "apiVersion": CONFIGMAP.api_version,
         "kind": CONFIGMAP.kind,
         "metadata": _metadata(owner, names.spec_configmap_name(owner.name)),
-        "data": {names.SPEC_FILE: spec_json(owner, spec)},
+        "data": data,
     }
 
 
@@ -179,7 +183,7 @@ def render_children(
     if pin is None:
         pin = decide_pin(spec, None, None).pin
     children = [
-        render_configmap(owner, spec),
+        render_configmap(owner, spec, settings),
         render_pin_configmap(owner, pin),
         render_service(owner, settings),
         render_deployment(owner, spec, replicas, settings),

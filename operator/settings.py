@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from kvfleet.spec import EngineKind
+from kvfleet.weight_cache.errors import ArtifactError
+from kvfleet.weight_cache.signing import MAX_KEY_FILE_BYTES, ArtifactTrust
 
 from .policy import UNRESTRICTED, SpecPolicy
 
@@ -121,12 +123,31 @@ class OperatorSettings(BaseModel):
         description="Node-cache host paths, image registries, PriorityClasses and "
         "tolerations a spec may use; a spec outside it gets Degraded=True, reason PolicyViolation.",
     )
+    # --- engine artifacts: which signatures engine pods accept (the chart's artifacts.publicKeys)
+    artifact_public_keys: Annotated[str, StringConstraints(max_length=MAX_KEY_FILE_BYTES)] | None = Field(
+        default=None,
+        description="PEM Ed25519 public keys whose artifact signatures engine pods accept, written into each "
+        "deployment's ConfigMap; None: engine pods load no artifact. Never a private key: engine pods never sign.",
+    )
     # --- HA: kopf peering; the highest priority runs, the others stand by.
     peering_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
         default=None, description="ClusterKopfPeering object name; None runs standalone (one replica only)."
     )
     priority: int = Field(default=0, ge=0, le=2**31 - 1, description="kopf peering priority (unique per replica).")
     peering_lifetime_s: int = Field(default=60, ge=5, le=3600, description="How long a silent peer is trusted.")
+
+    @field_validator("artifact_public_keys")
+    @classmethod
+    def _public_keys_only(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "PRIVATE KEY" in value:
+            raise ValueError("holds a private key; engine pods get public keys only")
+        try:
+            ArtifactTrust.from_pem(value, "artifact_public_keys")
+        except ArtifactError as e:
+            raise ValueError(str(e)) from None
+        return value
 
     @model_validator(mode="after")
     def _bounds(self) -> OperatorSettings:

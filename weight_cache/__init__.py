@@ -9,7 +9,8 @@ thin layer over it::
         fp = fingerprint(engine_name="vllm", engine_version=vllm.__version__, model_digest=model.digest,
                          accelerator=detect_accelerator(), tensor_parallel_size=1, dtype="bfloat16",
                          engine_args=argv)
-        pull_artifacts(client, "s3://bucket/artifacts", fp, compile_cache_dir)
+        pull_artifacts(client, "s3://bucket/artifacts", fp, compile_cache_dir,
+                       trust=ArtifactTrust.from_file(Path("/etc/kvfleet/artifact-keys.pem")))
 """
 
 from kvfleet.weight_cache.artifacts import (
@@ -43,6 +44,7 @@ from kvfleet.weight_cache.populate import PopulateResult, populate
 from kvfleet.weight_cache.pull import PulledModel, pull_model
 from kvfleet.weight_cache.s3 import S3Uri, make_client
 from kvfleet.weight_cache.settings import NodeCacheSettings, PopulateSettings, PullSettings, S3Settings
+from kvfleet.weight_cache.signing import ArtifactSigner, ArtifactTrust
 
 __all__ = [
     "Accelerator",
@@ -50,6 +52,8 @@ __all__ = [
     "ArtifactOffer",
     "ArtifactPullResult",
     "ArtifactPushResult",
+    "ArtifactSigner",
+    "ArtifactTrust",
     "ChecksumMismatchError",
     "DigestMismatchError",
     "DisallowedFileError",

@@ -332,37 +332,67 @@ def show_fingerprint(output: str, **kwargs: Any) -> None:
     click.echo(json.dumps(fp.to_wire(), indent=2, sort_keys=True))
 
 
+@artifacts.command(name="keygen")
+@click.argument("private_key", type=click.Path(dir_okay=False, path_type=Path))
+@_friendly_errors
+def keygen(private_key: Path) -> None:
+    """Write a new Ed25519 signing key to PRIVATE_KEY (0600, never overwritten) and print its
+    public key: the chart's artifacts.publicKeys. Keep the private key in a Secret that only the
+    trusted writer (a build Job, the platform team) mounts, never engine pods."""
+    from kvfleet.weight_cache.signing import generate_key_pair, public_pem
+
+    signer = generate_key_pair(private_key)
+    click.echo(public_pem(signer.public_key()), nl=False)
+    click.echo(f"# key id {signer.key_id}; private key in {private_key}", err=True)
+
+
 @artifacts.command(name="push")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("dest")
-@click.option("--overwrite", is_flag=True, help="Replace an artifact already stored for this fingerprint.")
+@click.option(
+    "--signing-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Ed25519 private key (PEM) that signs the artifact; engine pods load only artifacts signed "
+    "by a key they trust.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an artifact already stored and signed by this key.")
 @_fingerprint_options
 @_s3_options
 @_friendly_errors
 def push(
     directory: Path,
     dest: str,
+    signing_key: Path,
     overwrite: bool,
     endpoint_url: str | None,
     region: str | None,
     credentials_dir: Path | None,
     **kwargs: Any,
 ) -> None:
-    """Tar DIRECTORY and store it under DEST (s3://bucket/prefix) keyed by the fingerprint."""
+    """Tar DIRECTORY, store it under DEST (s3://bucket/prefix) keyed by the fingerprint, and sign it."""
     from kvfleet.weight_cache.artifacts import push_artifacts
     from kvfleet.weight_cache.s3 import make_client
+    from kvfleet.weight_cache.signing import ArtifactSigner
 
+    signer = ArtifactSigner.from_file(signing_key)
     fp = _build_fingerprint(**kwargs)
     client = make_client(_s3_settings(endpoint_url, region, credentials_dir))
-    result = push_artifacts(client, directory, dest, fp, overwrite=overwrite)
+    result = push_artifacts(client, directory, dest, fp, signer=signer, overwrite=overwrite)
     state = "already stored" if result.skipped else f"stored {result.size_bytes} bytes"
-    click.echo(f"artifact {result.key}: {state} (sha256 {result.sha256})")
+    click.echo(f"artifact {result.key}: {state} (sha256 {result.sha256}, signed by {result.key_id})")
 
 
 @artifacts.command(name="pull")
 @click.argument("source")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--fail-on-miss", is_flag=True, help="Exit 3 on a miss (default: a miss is not an error).")
+@click.option(
+    "--trusted-keys",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="PEM file of the Ed25519 public keys whose signatures are accepted.",
+)
 @_fingerprint_options
 @_s3_options
 @_friendly_errors
@@ -370,18 +400,22 @@ def pull_cmd(
     source: str,
     directory: Path,
     fail_on_miss: bool,
+    trusted_keys: Path,
     endpoint_url: str | None,
     region: str | None,
     credentials_dir: Path | None,
     **kwargs: Any,
 ) -> None:
-    """Restore the artifact for this fingerprint from SOURCE into DIRECTORY (absent or empty)."""
+    """Restore the artifact for this fingerprint from SOURCE into DIRECTORY (absent or empty), if a
+    trusted key signed it and its bytes match."""
     from kvfleet.weight_cache.artifacts import pull_artifacts
     from kvfleet.weight_cache.s3 import make_client
+    from kvfleet.weight_cache.signing import ArtifactTrust
 
+    trust = ArtifactTrust.from_file(trusted_keys)
     fp = _build_fingerprint(**kwargs)
     client = make_client(_s3_settings(endpoint_url, region, credentials_dir))
-    result = pull_artifacts(client, source, fp, directory)
+    result = pull_artifacts(client, source, fp, directory, trust=trust)
     if result.hit:
         click.echo(f"hit: artifact {result.key} restored into {directory} ({result.size_bytes} bytes)")
         return

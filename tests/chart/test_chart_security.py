@@ -145,3 +145,37 @@ def test_which_namespaces_get_engine_policies() -> None:
     assert engine_namespaces({"scope": {"mode": "namespace", "namespaces": ["ml"]}}) == ["ml"]
     assert engine_namespaces({"scope": {"mode": "namespace", "namespaces": []}}) == ["kvfleet-system"]
     assert not [d for d in docs_of({"networkPolicy": {"enabled": False}}) if d["kind"] == "NetworkPolicy"]
+
+
+def test_the_operator_gets_public_artifact_keys_and_the_chart_holds_no_private_key(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from kvfleet.operator.settings import OperatorSettings
+    from kvfleet.weight_cache.signing import public_pem
+
+    private = Ed25519PrivateKey.generate()
+    keys = public_pem(private.public_key())
+    docs = docs_of({"artifacts": {"publicKeys": keys}})
+    container = operator_pod(docs)["spec"]["containers"][0]
+    assert "--artifact-keys-file=/etc/kvfleet/policy/artifact-keys.pem" in container["args"]
+    config = one(docs, "ConfigMap", "-policy")
+    assert config["data"]["artifact-keys.pem"] == keys
+    # What the operator reads there is what it accepts and passes on to engine pods.
+    assert OperatorSettings(artifact_public_keys=config["data"]["artifact-keys.pem"]).artifact_public_keys == keys
+    # A rotated key restarts the operator, which reads the file at start.
+    default = operator_pod(docs_of({}))["metadata"]["annotations"]["kvfleet.io/policy-checksum"]
+    assert operator_pod(docs)["metadata"]["annotations"]["kvfleet.io/policy-checksum"] != default
+    # Without keys nothing is passed: engine pods then load no artifact.
+    bare = docs_of({})
+    assert not [a for a in operator_pod(bare)["spec"]["containers"][0]["args"] if "artifact" in a]
+    assert "artifact-keys.pem" not in one(bare, "ConfigMap", "-policy")["data"]
+    # No signing key anywhere in what the chart installs, and the schema refuses one in the value.
+    assert all("PRIVATE KEY" not in yaml.safe_dump(d) for d in docs)
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    with helm_python.Chart.load(str(CHART)) as chart:
+        for bad in (pem, keys + pem, "not a key"):
+            with pytest.raises(helm_python.HelmValuesError, match="publicKeys"):
+                chart.validate_schema(chart.merge_values({"artifacts": {"publicKeys": bad}}))

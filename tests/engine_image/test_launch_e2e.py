@@ -1,7 +1,8 @@
 """The launcher end to end on CPU: the real `kvfleet engine launch` process, the reference engine,
-moto's S3 server as the weight cache. A cold launch pulls the weights, misses the artifacts and
-pushes them after it is ready; a warm launch on the same node hits the node cache for both; a
-launch on a fresh node restores the artifacts from the bucket and the engine compiles from them."""
+moto's S3 server as the weight cache. A cold launch by the platform's builder (it holds the signing
+key) pulls the weights, misses the artifacts and pushes them, signed, after it is ready; a warm
+launch as an engine pod (public key only) on the same node hits the node cache for both; a launch
+on a fresh node restores the signed artifacts from the bucket and the engine compiles from them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from kvfleet.weight_cache.s3 import S3Client
+from kvfleet.weight_cache.signing import generate_key_pair, public_pem
 from tests.engine_image.conftest import LauncherProcess, PopulatedModel, launcher_env, wait_until
 
 pytestmark = pytest.mark.slow
@@ -58,10 +60,15 @@ def spec_for(model: PopulatedModel) -> dict[str, Any]:
 
 
 def launch_and_serve(
-    model: PopulatedModel, node_cache: Path, workdir: Path, s3_endpoint: str, launchers: list[LauncherProcess]
+    model: PopulatedModel,
+    node_cache: Path,
+    workdir: Path,
+    s3_endpoint: str,
+    launchers: list[LauncherProcess],
+    env: dict[str, str],
 ) -> tuple[dict[str, Any], LauncherProcess]:
     """Start a launcher, wait for its cold start to complete and its push (if any) to finish, serve a completion."""
-    launcher = LauncherProcess(spec_for(model), workdir, launcher_env(s3_endpoint, node_cache))
+    launcher = LauncherProcess(spec_for(model), workdir, launcher_env(s3_endpoint, node_cache) | env)
     launchers.append(launcher)
     url = f"http://127.0.0.1:{launcher.metrics_port}/coldstart"
 
@@ -92,8 +99,14 @@ def test_cold_then_warm_then_fresh_node(
     launchers: list[LauncherProcess],
 ) -> None:
     node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    # The platform's builder holds the signing key; engine pods only the public key.
+    signing_key = tmp_path / "signing.pem"
+    keys = tmp_path / "artifact-keys.pem"
+    keys.write_text(public_pem(generate_key_pair(signing_key).public_key()))
+    builder = {"KVFLEET_ARTIFACT_SIGNING_KEY": str(signing_key), "KVFLEET_ARTIFACT_KEYS": str(keys)}
+    engine_pod = {"KVFLEET_ARTIFACT_KEYS": str(keys)}
 
-    cold, launcher = launch_and_serve(populated_model, node_a, tmp_path, s3_endpoint, launchers)
+    cold, launcher = launch_and_serve(populated_model, node_a, tmp_path, s3_endpoint, launchers, builder)
     details = cold["phaseDetails"]
     assert details["pull"]["source"] == "s3" and details["pull"]["bytesFetched"] > 50 << 20
     assert details["artifacts"]["source"] == "miss" and cold["artifactsPushed"] is True
@@ -107,7 +120,7 @@ def test_cold_then_warm_then_fresh_node(
     assert "signal_forwarded" in log and "draining" in log
     assert "s3cr3t" not in log and "launcher-secret-never-logged" not in log
 
-    warm, launcher = launch_and_serve(populated_model, node_a, tmp_path, s3_endpoint, launchers)
+    warm, launcher = launch_and_serve(populated_model, node_a, tmp_path, s3_endpoint, launchers, engine_pod)
     details = warm["phaseDetails"]
     assert details["pull"]["source"] == "node-cache" and details["pull"]["bytesFetched"] == 0
     assert details["artifacts"]["hit"] is True and details["artifacts"]["source"] == "node-cache"
@@ -118,7 +131,7 @@ def test_cold_then_warm_then_fresh_node(
     assert phase_s(warm, "pull", "artifacts") < phase_s(cold, "pull", "artifacts")
     assert launcher.stop() == 0
 
-    fresh, launcher = launch_and_serve(populated_model, node_b, tmp_path, s3_endpoint, launchers)
+    fresh, launcher = launch_and_serve(populated_model, node_b, tmp_path, s3_endpoint, launchers, engine_pod)
     assert fresh["phaseDetails"]["pull"]["source"] == "s3"
     assert fresh["phaseDetails"]["artifacts"]["source"] == "bucket" and fresh["artifactsFingerprint"] == fingerprint
     assert fresh["artifactsPushed"] is False

@@ -333,3 +333,49 @@ def test_engine_image_from_spec_or_settings() -> None:
     custom = OperatorSettings(images={"reference": "registry/cpu:2"})
     s = spec(engine={"kind": "reference"}, resources={"gpus": 0})
     assert container(render_deployment(OWNER, s, 1, custom))["image"] == "registry/cpu:2"
+
+
+def test_engine_pods_get_public_artifact_keys_and_no_signing_key() -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from kvfleet.operator.render import render_configmap
+    from kvfleet.weight_cache.signing import public_pem
+
+    private = Ed25519PrivateKey.generate()
+    keys = public_pem(private.public_key())
+    settings = OperatorSettings(artifact_public_keys=keys)
+    s = spec(cache={"bucket": "model-cache", "credentialsSecret": "s3-read-only", "artifacts": {"enabled": True}})
+    config = render_configmap(OWNER, s, settings)
+    assert config["data"][names.ARTIFACT_KEYS_FILE] == keys
+    dep = render_deployment(OWNER, s, 1, settings)
+    volumes = {v["name"]: v for v in pod(dep)["volumes"]}
+    assert volumes["spec"]["configMap"]["items"] == [
+        {"key": "spec.json", "path": "spec.json"},
+        {"key": "artifact-keys.pem", "path": "artifact-keys.pem"},
+    ]
+    # Checked artifacts are unpacked in the pod's own emptyDir, not on the shared node cache.
+    assert volumes["artifacts-work"] == {"name": "artifacts-work", "emptyDir": {}}
+    env = {e["name"]: e for e in container(dep)["env"]}
+    assert env["KVFLEET_ARTIFACTS_WORK"]["value"] == "/var/lib/kvfleet/artifacts-work"
+    # The only Secret the pod reads is the read credentials it was given, and only the two keys.
+    secret_refs = [e["valueFrom"]["secretKeyRef"] for e in env.values() if "secretKeyRef" in e.get("valueFrom", {})]
+    assert secret_refs == [
+        {"name": "s3-read-only", "key": "AWS_ACCESS_KEY_ID"},
+        {"name": "s3-read-only", "key": "AWS_SECRET_ACCESS_KEY"},
+    ]
+    assert not [v for v in volumes.values() if "secret" in v or "projected" in v]
+    text = json.dumps(render_children(OWNER, s, 1, settings, service_monitor=True))
+    assert "PRIVATE KEY" not in text and "SIGNING" not in text
+    # No keys configured: nothing to trust, so no artifact is ever loaded (the launcher's default).
+    bare = render_configmap(OWNER, s, SETTINGS)
+    assert set(bare["data"]) == {"spec.json"}
+    # A private key handed to the operator by mistake is refused, naming why.
+    from cryptography.hazmat.primitives import serialization
+
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    with pytest.raises(ValueError, match="holds a private key; engine pods get public keys only"):
+        OperatorSettings(artifact_public_keys=pem + keys)
+    with pytest.raises(ValueError, match="no PEM public key"):
+        OperatorSettings(artifact_public_keys="not a key")

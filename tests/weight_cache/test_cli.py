@@ -53,25 +53,37 @@ def test_cache_errors_are_one_clear_line(runner: CliRunner, bucket: str, tmp_pat
     assert out.exit_code == 1 and "not a valid S3 bucket name" in out.output
 
 
-def test_artifacts_push_pull_and_miss(runner: CliRunner, bucket: str, tmp_path: Path) -> None:
+def test_artifacts_keygen_push_pull_and_miss(runner: CliRunner, bucket: str, tmp_path: Path) -> None:
     src = tmp_path / "compile-cache"
     (src / "rank_0").mkdir(parents=True)
     (src / "rank_0" / "graph.bin").write_bytes(b"\1" * 1000)
+    key = tmp_path / "signing.pem"
+    out = runner.invoke(cli, ["artifacts", "keygen", str(key)])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.startswith("-----BEGIN PUBLIC KEY-----") and "PRIVATE" not in out.stdout
+    assert key.stat().st_mode & 0o777 == 0o600
+    (tmp_path / "trusted.pem").write_text(out.stdout)
+    trusted = ["--trusted-keys", str(tmp_path / "trusted.pem")]
+    assert runner.invoke(cli, ["artifacts", "keygen", str(key)]).exit_code == 1  # never overwritten
+
     fp = ["--engine-name", "vllm", "--engine-version", "0.8.0", "--model-digest", "d" * 64, "--gpu-product", "H100"]
     where = f"s3://{bucket}/artifacts"
     out = runner.invoke(cli, ["artifacts", "push", str(src), where, *fp, "--engine-arg=--max-model-len=4096"])
+    assert out.exit_code == 2 and "--signing-key" in out.output  # no unsigned push
+    push = ["artifacts", "push", str(src), where, *fp, "--engine-arg=--max-model-len=4096", "--signing-key", str(key)]
+    out = runner.invoke(cli, push)
     assert out.exit_code == 0, out.output
-    assert "stored" in out.output
+    assert "stored" in out.output and "signed by ed25519:" in out.output
 
     out = runner.invoke(
-        cli, ["artifacts", "pull", where, str(tmp_path / "hit"), *fp, "--engine-arg=--max-model-len=4096"]
+        cli, ["artifacts", "pull", where, str(tmp_path / "hit"), *fp, *trusted, "--engine-arg=--max-model-len=4096"]
     )
     assert out.exit_code == 0 and out.stdout.startswith("hit:"), out.output
     assert tree_bytes(tmp_path / "hit") == tree_bytes(src)
 
-    out = runner.invoke(cli, ["artifacts", "pull", where, str(tmp_path / "miss"), *fp, "--tp", "2"])
+    out = runner.invoke(cli, ["artifacts", "pull", where, str(tmp_path / "miss"), *fp, *trusted, "--tp", "2"])
     assert out.exit_code == 0 and out.stdout.startswith("miss:") and "no artifact" in out.output
-    out = runner.invoke(cli, ["artifacts", "pull", where, str(tmp_path / "miss"), *fp, "--fail-on-miss"])
+    out = runner.invoke(cli, ["artifacts", "pull", where, str(tmp_path / "miss"), *fp, *trusted, "--fail-on-miss"])
     assert out.exit_code == 3
 
     out = runner.invoke(cli, ["artifacts", "fingerprint", *fp, "--model-digest", "nothex"])

@@ -43,7 +43,7 @@ spec:
       {{- if or $values.podAnnotations .policy }}
       annotations:
         {{- if .policy }}
-        kvfleet.io/policy-checksum: {{ include "kvfleet.policyFile" $root | sha256sum }}
+        kvfleet.io/policy-checksum: {{ printf "%s%s" (include "kvfleet.policyFile" $root) $root.Values.artifacts.publicKeys | sha256sum }}
         {{- end }}
         {{- with $values.podAnnotations }}
         {{- toYaml . | nindent 8 }}
