@@ -12,7 +12,7 @@ from typing import Any
 from kvfleet.spec import API_VERSION, KIND, InferenceDeploymentSpec
 
 from . import names
-from .pod import render_pod_template, startup_budget_s
+from .pod import engine_ports, render_pod_template, startup_budget_s
 from .settings import OperatorSettings
 
 # Deployment rollouts wait for the whole startup budget before Kubernetes calls them stuck.
@@ -108,7 +108,7 @@ def render_deployment(
     }
 
 
-def render_service(owner: Owner, settings: OperatorSettings) -> dict[str, Any]:
+def render_service(owner: Owner, spec: InferenceDeploymentSpec, settings: OperatorSettings) -> dict[str, Any]:
     return {
         "apiVersion": SERVICE.api_version,
         "kind": SERVICE.kind,
@@ -118,10 +118,8 @@ def render_service(owner: Owner, settings: OperatorSettings) -> dict[str, Any]:
             # and kube-proxy balancing would only get in its way.
             "clusterIP": "None",
             "selector": names.selector(owner.name),
-            "ports": [
-                {"name": "http", "port": settings.engine_port, "targetPort": "http", "protocol": "TCP"},
-                {"name": "launcher", "port": settings.launcher_port, "targetPort": "launcher", "protocol": "TCP"},
-            ],
+            # Its EndpointSlices carry these names: the routers read http and kv-events there.
+            "ports": engine_ports(spec, settings, "port"),
         },
     }
 
@@ -165,7 +163,7 @@ def render_children(
     """Every child in apply order: the ConfigMap before the pods that mount it."""
     children = [
         render_configmap(owner, spec),
-        render_service(owner, settings),
+        render_service(owner, spec, settings),
         render_deployment(owner, spec, replicas, settings),
         render_pdb(owner),
     ]

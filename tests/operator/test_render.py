@@ -93,7 +93,7 @@ def test_launcher_entrypoint_ports_and_probes() -> None:
     c = container(dep)
     assert c["command"] == ["kvfleet", "engine", "launch", "--spec", "/etc/kvfleet/spec.json"]
     assert c["image"] == SETTINGS.images["vllm"]
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "launcher": 9400}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "launcher": 9400, "kv-events": 5557}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
     # 3 x 200 s = 600 s of startup budget, probed every 10 s: 60 failures allowed.
@@ -218,7 +218,11 @@ def test_labels_and_owner_reference_on_every_child() -> None:
     assert dep["spec"]["template"]["metadata"]["labels"]["kvfleet.io/deployment"] == "m"
     service = children[1]
     assert service["spec"]["clusterIP"] == "None"
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 8000, "launcher": 9400}
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "http": 8000,
+        "launcher": 9400,
+        "kv-events": 5557,
+    }
     assert children[3]["spec"]["maxUnavailable"] == 1
     assert [e["port"] for e in children[4]["spec"]["endpoints"]] == ["http", "launcher"]
 
@@ -277,3 +281,30 @@ def test_engine_image_from_spec_or_settings() -> None:
     custom = OperatorSettings(images={"reference": "registry/cpu:2"})
     s = spec(engine={"kind": "reference"}, resources={"gpus": 0})
     assert container(render_deployment(OWNER, s, 1, custom))["image"] == "registry/cpu:2"
+
+
+@pytest.mark.parametrize(
+    ("fields", "published"),
+    [
+        ({}, True),  # vllm with prefix caching: on by default
+        ({"engine": {"kind": "reference"}, "resources": {"gpus": 0}}, True),
+        ({"routing": {"kvEvents": {"enabled": False}}}, False),
+        ({"engine": {"enablePrefixCaching": False}}, False),
+        ({"engine": {"kind": "sglang"}}, False),  # no vLLM-format publisher
+    ],
+)
+def test_kv_events_port_only_where_the_engine_publishes(fields: dict[str, Any], published: bool) -> None:
+    children = render_children(OWNER, spec(**fields), 1, SETTINGS, service_monitor=False)
+    service = next(c for c in children if c["kind"] == "Service")
+    dep = next(c for c in children if c["kind"] == "Deployment")
+    wanted = [{"name": "kv-events", "port": 5557, "targetPort": "kv-events", "protocol": "TCP"}] if published else []
+    # The Service's port names reach its EndpointSlices, where the routers find the events port.
+    assert [p for p in service["spec"]["ports"] if p["name"] == names.KV_EVENTS_PORT] == wanted
+    in_pod = [p for p in container(dep)["ports"] if p["name"] == names.KV_EVENTS_PORT]
+    assert in_pod == ([{"name": "kv-events", "containerPort": 5557, "protocol": "TCP"}] if published else [])
+
+
+def test_operator_and_router_agree_on_the_events_port_name() -> None:
+    from kvfleet.router.kubernetes_source import KV_EVENTS_PORT_NAME
+
+    assert names.KV_EVENTS_PORT == KV_EVENTS_PORT_NAME
