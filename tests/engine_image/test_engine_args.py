@@ -252,3 +252,13 @@ def test_kv_events_config_from_extra_args_is_used_as_given() -> None:
     command = render_engine_command(spec_with("vllm", extraArgs=["--kv-events-config", own]), inputs())
     assert command.argv.count("--kv-events-config") == 1 and flag_value(command.argv, "--kv-events-config") == own
     assert any("--kv-events-config" in note and "5557" in note for note in command.notes)
+
+
+def test_launcher_ports_are_distinct_and_the_events_port_reaches_the_engine() -> None:
+    from kvfleet.engine_image.settings import LauncherSettings
+
+    assert LauncherSettings().kv_events_port == 5557  # the operator's kv-events container port
+    with pytest.raises(ValueError, match="engine_port, metrics_port and kv_events_port must differ"):
+        LauncherSettings(kv_events_port=8000)
+    with pytest.raises(ValueError, match="kv_events_port"):
+        LauncherSettings(kv_events_port=0)
