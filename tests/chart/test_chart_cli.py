@@ -20,6 +20,7 @@ from kvfleet.autoscaler.settings import AutoscalerSettings
 from kvfleet.cli import cli
 from kvfleet.operator.settings import OperatorSettings
 from kvfleet.router.cli import load_settings as load_router_settings
+from kvfleet.router.cli import parse_tokenizers
 from kvfleet.router.settings import RouterSettings
 
 from .conftest import CI_VALUES, NAMESPACE, objects, render
@@ -62,7 +63,9 @@ def build_settings(component: str, params: dict[str, Any]) -> object:
     if component == "router":
         assert params["kubernetes"] and not params["replicas"], "the chart's router discovers replicas in Kubernetes"
         keys = ("host", "port", "placement", "load_bound_slack_requests", "max_held_requests")
-        return load_router_settings(None, {k: params[k] for k in keys})
+        keys += ("kv_events_port", "kv_events_announced_only")
+        tokenizers = parse_tokenizers(params["kv_events_tokenizer"]) or None
+        return load_router_settings(None, {**{k: params[k] for k in keys}, "kv_events_tokenizers": tokenizers})
     options = {k: v for k, v in params.items() if k not in ("files", "verbose") and v is not None}
     return AutoscalerSettings(**options)
 
@@ -128,3 +131,15 @@ def test_router_placement_values_reach_its_settings(placement: bool, slack: int,
     assert isinstance(settings, RouterSettings)
     assert (settings.placement, settings.load_bound_slack_requests) == (placement, slack)
     assert settings.max_held_requests == held
+
+
+def test_ha_routers_subscribe_to_kv_events_with_their_tokenizers(render_ci: Render) -> None:
+    docs = render_ci(next(p for p in CI_VALUES if p.name == "ha-values.yaml"))
+    _, params, _ = parse(container(docs, "router")["args"])
+    settings = build_settings("router", params)
+    assert isinstance(settings, RouterSettings)
+    assert settings.kv_events_port == 5557 and settings.kv_events_announced_only
+    assert settings.kv_events_tokenizers == {
+        "llama-3.1-8b": "/var/lib/kvfleet/tokenizers/0/llama-3.1-8b",
+        "qwen2.5-7b": "/var/lib/kvfleet/tokenizers/1/qwen2.5-7b",
+    }
