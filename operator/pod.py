@@ -51,10 +51,12 @@ def pod_spec_hash(spec: InferenceDeploymentSpec) -> str:
     """Hash of the spec parts a pod is built from; a change rolls the pods.
 
     autoscaling, routing and replicas are left out: they change the ConfigMap (the launcher reads
-    the whole spec) but nothing a running engine uses, so they must not restart GPU pods.
+    the whole spec) but nothing a running engine uses, so they must not restart GPU pods. Whether
+    the engine publishes KV-cache events (routing.kvEvents) is an engine flag, so it counts.
     """
     wire = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     relevant = {k: v for k, v in wire.items() if k not in {"autoscaling", "routing", "replicas"}}
+    relevant["publishesKvEvents"] = spec.publishes_kv_events
     blob = json.dumps(relevant, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

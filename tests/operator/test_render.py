@@ -247,8 +247,9 @@ def test_spec_json_is_the_launcher_contract() -> None:
         ({"resources": {"gpus": 2}}, True),
         ({"autoscaling": {"maxReplicas": 9}}, False),
         ({"routing": {"strategy": "least-load"}}, False),
+        ({"routing": {"kvEvents": {"enabled": False}}}, True),  # --kv-events-config is an engine flag
     ],
-    ids=["engine-flag", "gpus", "autoscaling-knob", "routing-knob"],
+    ids=["engine-flag", "gpus", "autoscaling-knob", "routing-knob", "kv-events"],
 )
 def test_pod_hash_changes_only_for_pod_relevant_fields(change: dict[str, Any], rolls: bool) -> None:
     assert (pod_spec_hash(spec(**change)) != pod_spec_hash(spec())) is rolls
