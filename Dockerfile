@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1.7
 # kvfleet's control-plane image: the operator, the router and the autoscaler (the chart runs it with
 # `operator run`, `router serve` or `autoscaler run` as arguments). No torch: kvfleet is installed
-# without its engine extra; engines run in the images under engine_image/.
+# without its engine extra (with kv-events: the router's tokenizer); engines run in the images under engine_image/.
 #
 # Build from the repository root and push where the chart's image.repository points:
 #   docker build -t ghcr.io/kvfleet/kvfleet:0.1.0 .
@@ -35,10 +35,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/tmp
-# kvfleet without extras (no torch, safetensors or tokenizers), then the installer itself goes:
-# nothing at run time installs packages. The import check fails the build if torch crept back in.
+# kvfleet with its kv-events extra only (tokenizers and jinja2, for the router to tokenize prompts
+# as the engines do; no torch or safetensors), then the installer itself goes: nothing at run time
+# installs packages. The import check fails the build if torch crept back in.
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install /wheels/kvfleet-*.whl \
+    pip install "$(echo /wheels/kvfleet-*.whl)[kv-events]" \
     && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch in the control-plane image'" \
     && kvfleet --version \
     && pip uninstall -y -q pip setuptools wheel \

@@ -107,6 +107,22 @@ def all_blocks_cleared() -> dict[str, Any]:
     return {"type": "AllBlocksCleared"}
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def binds(endpoint: str) -> bool:
+    """Whether the publisher binds ``endpoint`` (else it connects to a collector there).
+
+    vLLM's rule: bind a wildcard (``*``), an IPv6 (``::``), an ``ipc://`` or ``inproc://`` address. A
+    loopback address (``tcp://127.0.0.1:N``) is bound too, where vLLM would connect: kvfleet's routers
+    connect to the engines, and local mode keeps its engines' events (prompts' token ids) off the network.
+    """
+    if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    host = endpoint.removeprefix("tcp://").rpartition(":")[0]
+    return host in LOOPBACK_HOSTS
+
+
 class ZmqEventPublisher:
     """Sends batches from the engine thread: never blocks it (a full socket drops and counts the batch)."""
 
@@ -117,7 +133,7 @@ class ZmqEventPublisher:
         self._socket.setsockopt(zmq.SNDHWM, config.hwm)
         self._socket.setsockopt(zmq.LINGER, 0)
         try:
-            if "*" in config.endpoint or config.endpoint.startswith(("ipc://", "inproc://")):
+            if binds(config.endpoint):
                 self._socket.bind(config.endpoint)
             else:
                 self._socket.connect(config.endpoint)

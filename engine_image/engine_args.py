@@ -9,6 +9,7 @@ Extra arguments from ``engine.extraArgs`` always come last, after everything kvf
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,6 +83,9 @@ class RenderInputs:
     # How long the engine finishes in-flight requests after SIGTERM (the launcher's own wait, from
     # the pod's drain budget); None leaves the engine's default.
     drain_timeout_s: float | None = None
+    # Where the engine publishes its KV-cache events when the spec asks for them (the pod's
+    # kv-events port, docs/contracts.md).
+    kv_events_port: int = 5557
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,24 @@ class EngineCommand:
 
 def _flag_given(extra_args: list[str], flag: str) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for arg in extra_args)
+
+
+def kv_events_config(port: int, host: str = "*") -> str:
+    """vLLM's ``--kv-events-config``: ZeroMQ PUB bound on ``host:port``, the default topic ('')."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://{host}:{port}", "topic": ""}
+    return json.dumps(config, separators=(",", ":"))
+
+
+def _kv_events_args(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> tuple[list[str], list[str]]:
+    """``--kv-events-config`` when the spec publishes events, unless extraArgs gives its own (argv, notes)."""
+    if not spec.publishes_kv_events:
+        return [], []
+    if _flag_given(spec.engine.extra_args, "--kv-events-config"):
+        return [], [
+            "engine.extraArgs sets --kv-events-config: used as given; routers subscribe at port "
+            f"{inputs.kv_events_port}, so it must publish there"
+        ]
+    return ["--kv-events-config", kv_events_config(inputs.kv_events_port)], []
 
 
 def _compile_cache_env(artifacts_dir: Path | None) -> dict[str, str]:
@@ -135,6 +157,8 @@ def render_vllm(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCo
         argv += ["--max-model-len", str(engine.max_model_len)]
     if engine.quantization is not None:
         argv += ["--quantization", engine.quantization]
+    events, notes = _kv_events_args(spec, inputs)
+    argv += events
     env = _compile_cache_env(inputs.artifacts_dir)
     if inputs.artifacts_dir is not None:
         # VLLM_CACHE_ROOT holds vLLM's torch.compile cache (torch_compile_cache/<hash>/rank_<r>_<dp>/,
@@ -142,7 +166,7 @@ def render_vllm(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCo
         # (FP8 models) live apart from it. docs/engine_image.md has the whole contract.
         env["VLLM_CACHE_ROOT"] = str(inputs.artifacts_dir / VLLM_CACHE_SUBDIR)
         env["DG_JIT_CACHE_DIR"] = str(inputs.artifacts_dir / DEEP_GEMM_CACHE_SUBDIR)
-    return EngineCommand(argv=(*argv, *engine.extra_args), env=env)
+    return EngineCommand(argv=(*argv, *engine.extra_args), env=env, notes=tuple(notes))
 
 
 def render_sglang(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCommand:
@@ -237,7 +261,8 @@ def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> Eng
         argv += ["--drain-timeout", f"{inputs.drain_timeout_s:g}"]
     if inputs.artifacts_dir is not None:
         argv += ["--artifacts-dir", str(inputs.artifacts_dir / REFERENCE_ARTIFACTS_SUBDIR)]
-    notes = []
+    events, notes = _kv_events_args(spec, inputs)
+    argv += events
     if spec.resources.gpus >= 1 and engine.gpu_memory_utilization != 0.9:
         notes.append("engine.gpuMemoryUtilization is ignored: the reference engine sizes its KV cache by --kv-blocks")
     # The engine points Inductor and Triton at <artifacts>/reference itself (compile_cache.py), so

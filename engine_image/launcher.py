@@ -199,6 +199,7 @@ class Launcher:
             reference=self.settings.reference,
             kvfleet_command=(sys.executable, "-m", "kvfleet.cli"),
             drain_timeout_s=self.settings.stop.grace_s,
+            kv_events_port=self.settings.kv_events_port,
         )
         try:
             return self.deps.render(self.launch.spec, inputs)

@@ -49,6 +49,8 @@ class LauncherSettings:
     engine_port: int = 8000
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9400
+    # The engine's KV-cache events (ZeroMQ PUB) when the spec publishes them: the pod's kv-events port.
+    kv_events_port: int = 5557
     # Pushing artifacts after a miss runs in the background; it gets this long before it is dropped.
     artifact_push_timeout_s: float = 600.0
     artifact_keys_path: Path = DEFAULT_ARTIFACT_KEYS
@@ -73,8 +75,9 @@ class LauncherSettings:
     def __post_init__(self) -> None:
         _port(self.engine_port, "engine_port")
         _port(self.metrics_port, "metrics_port")
-        if self.engine_port == self.metrics_port:
-            raise ValueError("engine_port and metrics_port must differ")
+        _port(self.kv_events_port, "kv_events_port")
+        if len({self.engine_port, self.metrics_port, self.kv_events_port}) != 3:
+            raise ValueError("engine_port, metrics_port and kv_events_port must differ")
         if not 0 < self.artifact_push_timeout_s <= 7200:
             raise ValueError("artifact_push_timeout_s must be in (0, 7200]")
         if not 0.1 <= self.progress_log_interval_s <= 3600:

@@ -345,6 +345,19 @@ class AutoscalingSpec(ApiModel):
         return 300.0 if self.scale_to_zero_after_seconds is None else self.scale_to_zero_after_seconds
 
 
+class KVEventsSpec(ApiModel):
+    """The engine's KV-cache events (vLLM's --kv-events-config), read by every router (docs/router.md)."""
+
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Publish the engine's KV-cache events on the pod's kv-events port so routers score replicas by "
+            "what their caches hold. Used by vllm and reference engines with prefix caching on; SGLang has no "
+            "vLLM-format publisher and is routed by the router's learned index."
+        ),
+    )
+
+
 class RoutingSpec(ApiModel):
     """How the router picks a replica and how long it holds requests."""
 
@@ -363,6 +376,7 @@ class RoutingSpec(ApiModel):
     max_queue_wait_seconds: float = Field(
         default=300.0, gt=0, le=3600, description="Longest a held request waits for a replica (then 503)."
     )
+    kv_events: KVEventsSpec = Field(default_factory=KVEventsSpec, description="KV-cache events for the routers.")
 
 
 class NodeCacheSpec(ApiModel):
@@ -563,6 +577,16 @@ class InferenceDeploymentSpec(ApiModel):
 
     def served_name(self, metadata_name: str) -> str:
         return self.model.served_name or metadata_name
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        """Whether the engine publishes KV-cache events: asked for, an engine with vLLM's publisher
+        (vllm, reference), and a prefix cache to report on."""
+        return (
+            self.routing.kv_events.enabled
+            and self.engine.kind in ("vllm", "reference")
+            and self.engine.enable_prefix_caching
+        )
 
     def fixed_replicas(self) -> int:
         """The replica count when autoscaling is off (spec.replicas, default 1)."""

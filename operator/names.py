@@ -8,6 +8,8 @@ DEPLOYMENT_LABEL = f"{GROUP}/deployment"
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 MANAGED_BY = "kvfleet-operator"
 ENGINE_APP = "kvfleet-engine"
+# The engine pod's KV-cache events port name; the routers look it up in the EndpointSlices.
+KV_EVENTS_PORT = "kv-events"
 
 SPEC_MOUNT_DIR = "/etc/kvfleet"
 SPEC_FILE = "spec.json"

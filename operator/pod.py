@@ -52,10 +52,12 @@ def pod_spec_hash(spec: InferenceDeploymentSpec) -> str:
     """Hash of the spec parts a pod is built from; a change rolls the pods.
 
     autoscaling, routing and replicas are left out: they change the ConfigMap (the launcher reads
-    the whole spec) but nothing a running engine uses, so they must not restart GPU pods.
+    the whole spec) but nothing a running engine uses, so they must not restart GPU pods. Whether
+    the engine publishes KV-cache events (routing.kvEvents) is an engine flag, so it counts.
     """
     wire = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     relevant = {k: v for k, v in wire.items() if k not in {"autoscaling", "routing", "replicas"}}
+    relevant["publishesKvEvents"] = spec.publishes_kv_events
     blob = json.dumps(relevant, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -216,6 +218,17 @@ def _scheduling(name: str, spec: InferenceDeploymentSpec) -> dict[str, Any]:
     return out
 
 
+def engine_ports(spec: InferenceDeploymentSpec, settings: OperatorSettings, key: str) -> list[dict[str, Any]]:
+    """The engine pod's named ports (``key``: containerPort, or port for the Service); kv-events only
+    when the engine publishes them, so a router finds the events port exactly where there are events."""
+    ports = [("http", settings.engine_port), ("launcher", settings.launcher_port)]
+    if spec.publishes_kv_events:
+        ports.append((names.KV_EVENTS_PORT, settings.kv_events_port))
+    if key == "containerPort":
+        return [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports]
+    return [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in ports]
+
+
 def render_pod_template(
     name: str, namespace: str, spec: InferenceDeploymentSpec, settings: OperatorSettings
 ) -> dict[str, Any]:
@@ -229,10 +242,7 @@ def render_pod_template(
         "imagePullPolicy": settings.image_pull_policy,
         # The launcher pulls weights, restores artifacts, then execs the engine (docs/contracts.md).
         "command": ["kvfleet", "engine", "launch", "--spec", f"{names.SPEC_MOUNT_DIR}/{names.SPEC_FILE}"],
-        "ports": [
-            {"name": "http", "containerPort": settings.engine_port, "protocol": "TCP"},
-            {"name": "launcher", "containerPort": settings.launcher_port, "protocol": "TCP"},
-        ],
+        "ports": engine_ports(spec, settings, "containerPort"),
         "env": _env(spec, settings),
         "volumeMounts": mounts,
         "startupProbe": _probe(settings, period, startup_failures),

@@ -13,7 +13,7 @@ from kvfleet.spec import API_VERSION, KIND, InferenceDeploymentSpec
 
 from . import names
 from .pin import Pin, decide_pin
-from .pod import render_pod_template, startup_budget_s
+from .pod import engine_ports, render_pod_template, startup_budget_s
 from .settings import OperatorSettings
 
 # Deployment rollouts wait for the whole startup budget before Kubernetes calls them stuck.
@@ -123,7 +123,7 @@ def render_deployment(
     }
 
 
-def render_service(owner: Owner, settings: OperatorSettings) -> dict[str, Any]:
+def render_service(owner: Owner, spec: InferenceDeploymentSpec, settings: OperatorSettings) -> dict[str, Any]:
     return {
         "apiVersion": SERVICE.api_version,
         "kind": SERVICE.kind,
@@ -133,10 +133,8 @@ def render_service(owner: Owner, settings: OperatorSettings) -> dict[str, Any]:
             # and kube-proxy balancing would only get in its way.
             "clusterIP": "None",
             "selector": names.selector(owner.name),
-            "ports": [
-                {"name": "http", "port": settings.engine_port, "targetPort": "http", "protocol": "TCP"},
-                {"name": "launcher", "port": settings.launcher_port, "targetPort": "launcher", "protocol": "TCP"},
-            ],
+            # Its EndpointSlices carry these names: the routers read http and kv-events there.
+            "ports": engine_ports(spec, settings, "port"),
         },
     }
 
@@ -185,7 +183,7 @@ def render_children(
     children = [
         render_configmap(owner, spec, settings),
         render_pin_configmap(owner, pin),
-        render_service(owner, settings),
+        render_service(owner, spec, settings),
         render_deployment(owner, spec, replicas, settings),
         render_pdb(owner),
     ]

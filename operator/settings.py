@@ -52,6 +52,9 @@ class OperatorSettings(BaseModel):
     # --- ports (docs/contracts.md)
     engine_port: int = Field(default=8000, ge=1, le=65535)
     launcher_port: int = Field(default=9400, ge=1, le=65535)
+    kv_events_port: int = Field(
+        default=5557, ge=1, le=65535, description="The engine's KV-cache events (ZeroMQ PUB), port kv-events."
+    )
     # --- pod lifecycle
     run_as_user: int = Field(default=1000, ge=1, le=2**31 - 1, description="Non-root UID of the engine images.")
     startup_budget_factor: float = Field(

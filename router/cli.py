@@ -42,6 +42,19 @@ def load_settings(path: Path | None, overrides: dict[str, Any]) -> RouterSetting
         raise click.BadParameter(problems, param_hint="settings") from None
 
 
+def parse_tokenizers(values: tuple[str, ...]) -> dict[str, str]:
+    """``--kv-events-tokenizer MODEL=DIR`` (repeated) as served name -> folder."""
+    tokenizers: dict[str, str] = {}
+    for value in values:
+        model, sep, folder = value.partition("=")
+        if not sep or not model or not folder:
+            raise click.BadParameter(f"{value!r}: expected MODEL=DIR", param_hint="--kv-events-tokenizer")
+        if model in tokenizers:
+            raise click.BadParameter(f"{model!r} is given twice", param_hint="--kv-events-tokenizer")
+        tokenizers[model] = folder
+    return tokenizers
+
+
 def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSource:
     source = StaticReplicaSource()
     counts: dict[str, int] = {}
@@ -126,6 +139,23 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     multiple=True,
     help="With --client-namespace-header: a namespace whose models every client reaches (repeat).",
 )
+@click.option(
+    "--kv-events-port",
+    type=int,
+    default=None,
+    help="Subscribe to the replicas' KV-cache events at this port (or the one each replica names) [default: off].",
+)
+@click.option(
+    "--kv-events-announced-only/--no-kv-events-announced-only",
+    default=None,
+    help="Subscribe only to replicas whose discovery names their events port (the EndpointSlice's kv-events).",
+)
+@click.option(
+    "--kv-events-tokenizer",
+    "kv_events_tokenizer",
+    multiple=True,
+    help="MODEL=DIR: the served model's tokenizer.json (and tokenizer_config.json) folder (repeat).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(
     host: str | None,
@@ -144,6 +174,9 @@ def serve(
     max_held_requests: int | None,
     client_namespace_header: str | None,
     shared_namespaces: tuple[str, ...],
+    kv_events_port: int | None,
+    kv_events_announced_only: bool | None,
+    kv_events_tokenizer: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve the OpenAI API and route each request to a replica of its model."""
@@ -158,6 +191,9 @@ def serve(
             "max_held_requests": max_held_requests,
             "client_namespace_header": client_namespace_header,
             "shared_namespaces": shared_namespaces or None,
+            "kv_events_port": kv_events_port,
+            "kv_events_announced_only": kv_events_announced_only,
+            "kv_events_tokenizers": parse_tokenizers(kv_events_tokenizer) or None,
         },
     )
     if kubernetes == bool(replicas):

@@ -225,9 +225,13 @@ class Fleet:
                     self._unsubscribe(model, replica_id)  # subscribed again below, to the new address
                 replica.endpoint = endpoint
             model.index.set_capacity(replica_id, endpoint.kv_capacity_blocks)
-            if model.caches is not None and replica_id not in model.subscriptions:
+            if model.caches is not None and replica_id not in model.subscriptions and self._publishes(endpoint):
                 self._subscribe(model, endpoint)
         model.index.retain(wanted)
+
+    def _publishes(self, endpoint: Endpoint) -> bool:
+        """Whether to subscribe to the replica: it names its events port, or every replica is tried."""
+        return endpoint.kv_events_port is not None or not self._settings.kv_events_announced_only
 
     def _subscribe(self, model: _Model, endpoint: Endpoint) -> None:
         """Subscribe to the replica's KV-cache events at its host and its (or the configured) port."""

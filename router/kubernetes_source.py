@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 DEPLOYMENT_LABEL = "kvfleet.io/deployment"
 PORT_NAME = "http"
+# The operator's name for the engine's KV-cache events port (operator/names.py KV_EVENTS_PORT): a
+# slice has it only where the engines publish events.
+KV_EVENTS_PORT_NAME = "kv-events"
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -44,13 +47,17 @@ def _key(obj: Mapping[str, Any]) -> ObjectKey:
 
 
 def slice_endpoints(slice_obj: Mapping[str, Any]) -> list[Endpoint]:
-    """The routable replicas in one EndpointSlice: ready ones, and serving-but-terminating ones as draining."""
+    """The routable replicas in one EndpointSlice: ready ones, and serving-but-terminating ones as draining,
+    each with the slice's ``kv-events`` port where its engines publish KV-cache events."""
     ports = slice_obj.get("ports") or []
     port = next((p.get("port") for p in ports if p.get("name") == PORT_NAME), None)
     if port is None and ports:
         port = ports[0].get("port")
     if not isinstance(port, int):
         return []
+    events_port = next((p.get("port") for p in ports if p.get("name") == KV_EVENTS_PORT_NAME), None)
+    if not isinstance(events_port, int) or isinstance(events_port, bool):
+        events_port = None
     endpoints: list[Endpoint] = []
     for ep in slice_obj.get("endpoints") or []:
         addresses = ep.get("addresses") or []
@@ -70,7 +77,9 @@ def slice_endpoints(slice_obj: Mapping[str, Any]) -> list[Endpoint]:
         target = ep.get("targetRef") or {}
         replica_id = str(target.get("name") or address)
         try:
-            endpoints.append(Endpoint(replica_id, f"http://{host}:{port}", draining=terminating))
+            endpoints.append(
+                Endpoint(replica_id, f"http://{host}:{port}", draining=terminating, kv_events_port=events_port)
+            )
         except ValueError as e:
             log.warning("skipping endpoint %s in slice %s: %s", address, _key(slice_obj), e)
     return endpoints

@@ -175,6 +175,14 @@ class RouterSettings(BaseModel):
             "(docs/router.md, KV events). None: off, the learned index alone."
         ),
     )
+    kv_events_announced_only: bool = Field(
+        default=False,
+        description=(
+            "With kv_events_port set: subscribe only to replicas whose discovery names their events port (in "
+            "Kubernetes the EndpointSlice's kv-events port, which the operator adds only where the engine "
+            "publishes), instead of trying kv_events_port on every replica. The chart sets it."
+        ),
+    )
     kv_events_topic: str = Field(default="", max_length=256, description="The publishers' topic (vLLM's default: '').")
     kv_events_tokenizers: dict[str, str] = Field(
         default_factory=dict,

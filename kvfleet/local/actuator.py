@@ -34,7 +34,7 @@ MAX_EVENTS = 50
 class ReplicaRegistry(Protocol):
     """Where the router learns replicas (the router's local ReplicaSource, adapted)."""
 
-    def add(self, deployment: str, replica_id: str, url: str) -> None: ...
+    def add(self, deployment: str, replica_id: str, url: str, kv_events_port: int | None = None) -> None: ...
 
     def mark_draining(self, deployment: str, replica_id: str) -> None: ...
 
@@ -45,8 +45,9 @@ class ReplicaRegistry(Protocol):
         ...
 
 
-# argv for one engine replica listening on ``port``.
-CommandFactory = Callable[[int], Sequence[str]]
+# argv for one engine replica listening on ``port`` and publishing its KV-cache events on the
+# second port (None: it publishes none).
+CommandFactory = Callable[[int, int | None], Sequence[str]]
 EventSink = Callable[[str, str], None]
 
 
@@ -58,6 +59,7 @@ class Replica:
     started_at_s: float
     child: ChildProcess | None = None
     ready_at_s: float | None = None
+    kv_events_port: int | None = None
     task: asyncio.Task[None] | None = None
 
     @property
@@ -88,6 +90,8 @@ class DeploymentProcesses:
     # Engine-side in-flight requests (running + waiting); added to the router's count when draining.
     engine_inflight: Callable[[str], Awaitable[int]] | None = None
     env: Mapping[str, str] | None = None
+    # Give each engine a port of its own for its KV-cache events, announced to the router with it.
+    kv_events: bool = False
     clock: Callable[[], float] = time.monotonic
     desired: int = 0
     desired_reason: str = "initial"
@@ -214,7 +218,7 @@ class DeploymentProcesses:
             return
         replica.state, replica.ready_at_s = "ready", self.clock()
         self.consecutive_failures = 0
-        self.registry.add(self.name, replica.replica_id, replica.url)
+        self.registry.add(self.name, replica.replica_id, replica.url, replica.kv_events_port)
         took_s = replica.ready_at_s - replica.started_at_s
         self._event(f"{replica.replica_id} ready on {replica.url} after {took_s:.1f} s")
         assert replica.child is not None
@@ -224,13 +228,24 @@ class DeploymentProcesses:
             replica.child.close_log()
             self._failed(replica, f"{replica.replica_id} exited unexpectedly with code {code}; replacing it")
 
+    def _events_port(self, http_port: int) -> int | None:
+        if not self.kv_events:
+            return None
+        # Another free port; a taken one makes the engine exit at once, and the start is retried.
+        for _ in range(10):
+            port = pick_free_port()
+            if port != http_port:
+                return port
+        raise ProcessStartError("no free port for the KV-cache events")
+
     async def _start_until_ready(self, replica: Replica) -> None:
         s = self.settings
         last: ProcessStartError | None = None
         for attempt in range(1, s.start_attempts + 1):
             replica.port = pick_free_port()
+            replica.kv_events_port = self._events_port(replica.port)
             log_path = self.log_dir / f"{replica.replica_id}.log"
-            replica.child = await spawn(self.command(replica.port), log_path, self.env)
+            replica.child = await spawn(self.command(replica.port, replica.kv_events_port), log_path, self.env)
             try:
                 await wait_healthy(
                     replica.child,

@@ -16,9 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvfleet.engine_image.engine_args import kv_events_config
 from kvfleet.resource import InferenceDeployment
 
 MAKE_TINY_ANNOTATION = "kvfleet.io/make-tiny-model"
+# What the router needs in a model's folder to tokenize prompts as the engine does (router/prompt_tokens.py).
+TOKENIZER_FILE = "tokenizer.json"
 
 
 class LocalModelError(ValueError):
@@ -34,8 +37,15 @@ class EngineLaunch:
     model_path: Path
     extra_args: tuple[str, ...]
     env: Mapping[str, str]
+    # Publish KV-cache events for the router: the spec asks (routing.kvEvents), the model has a
+    # tokenizer.json for the router to tokenize prompts with, and extraArgs sets no config of its own.
+    kv_events: bool = False
 
-    def argv(self, port: int, host: str = "127.0.0.1") -> list[str]:
+    def argv(self, port: int, kv_events_port: int | None = None, host: str = "127.0.0.1") -> list[str]:
+        events = []
+        if self.kv_events and kv_events_port is not None:
+            # Loopback: the reference engine binds it (engine/kv_events.py binds), off the network.
+            events = ["--kv-events-config", kv_events_config(kv_events_port, host)]
         return [
             sys.executable,
             "-m",
@@ -50,6 +60,7 @@ class EngineLaunch:
             str(port),
             "--served-model-name",
             self.served_name,
+            *events,
             *self.extra_args,
         ]
 
@@ -138,12 +149,14 @@ def engine_launch(deployment: InferenceDeployment, model_path: Path) -> EngineLa
     if threads is not None:
         # Several engines share the machine: torch's default (all cores each) oversubscribes it.
         managed += ["--threads", str(threads)]
+    own_config = any(a == "--kv-events-config" or a.startswith("--kv-events-config=") for a in spec.engine.extra_args)
     return EngineLaunch(
         deployment=deployment.name,
         served_name=deployment.served_name,
         model_path=model_path,
         extra_args=(*managed, *spec.engine.extra_args),
         env=env,
+        kv_events=spec.publishes_kv_events and not own_config and (model_path / TOKENIZER_FILE).is_file(),
     )
 
 

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from kvfleet.autoscaler.scrape_source import ScrapeSource, ScrapeSourceSettings
 from kvfleet.autoscaler.sources import MetricSource, Target
 from kvfleet.local.actuator import DeploymentProcesses
 from kvfleet.local.metrics import EngineSample, MetricWindow, scrape_engine, total_inflight
-from kvfleet.local.models import LocalModelError, ResolvedModel, engine_launch, resolve_model
+from kvfleet.local.models import EngineLaunch, LocalModelError, ResolvedModel, engine_launch, resolve_model
 from kvfleet.local.processes import ProcessStartError, pick_free_port
 from kvfleet.local.prometheus import LocalPrometheus, ScrapeTarget, start_prometheus
 from kvfleet.local.settings import LocalSettings, for_longest_request
@@ -76,6 +76,28 @@ def load_manifests(files: Iterable[Path]) -> list[InferenceDeployment]:
     return deployments
 
 
+# The router's kv_events_port turns subscriptions on; every local engine announces its own port with
+# kv_events_announced_only, so this value is never dialled.
+LOCAL_KV_EVENTS_PORT = 5557
+
+
+def local_router_settings(
+    base: RouterSettings, deployments: Sequence[InferenceDeployment], launches: Mapping[str, EngineLaunch]
+) -> RouterSettings:
+    """The router subscribes to the engines that publish KV-cache events, tokenizing each such model's
+    prompts with its own folder (the tiny model's tokenizer.json and chat template included)."""
+    tokenizers = {d.served_name: str(launches[d.name].model_path) for d in deployments if launches[d.name].kv_events}
+    if not tokenizers:
+        return base
+    return base.model_copy(
+        update={
+            "kv_events_port": LOCAL_KV_EVENTS_PORT,
+            "kv_events_announced_only": True,
+            "kv_events_tokenizers": tokenizers,
+        }
+    )
+
+
 @dataclass
 class RouterRegistry:
     """The actuator's view of the router: replicas by deployment name, mapped to served names."""
@@ -85,8 +107,8 @@ class RouterRegistry:
     inflight_of: Callable[[str], dict[str, int]]
     on_change: Callable[[], None] = lambda: None
 
-    def add(self, deployment: str, replica_id: str, url: str) -> None:
-        self.source.add(self.served[deployment], replica_id, url)
+    def add(self, deployment: str, replica_id: str, url: str, kv_events_port: int | None = None) -> None:
+        self.source.add(self.served[deployment], replica_id, url, kv_events_port=kv_events_port)
         self.on_change()
 
     def mark_draining(self, deployment: str, replica_id: str) -> None:
@@ -133,9 +155,11 @@ class LocalRuntime:
         self.settings = settings
         self.cwd = cwd or Path.cwd()
         self.clock = clock
+        self._router_settings_given = router_settings
         self.router_settings = router_settings or RouterSettings(host=settings.host, port=settings.router_port)
         self.source = StaticReplicaSource()
-        self.router = RouterServer(self.router_settings, self.source, InProcessWakeSignal(self._wake))
+        # Built once the models are resolved: the router loads their tokenizers as it starts.
+        self._router: RouterServer | None = None
         self.runs: dict[str, DeploymentRun] = {}
         self.prometheus: LocalPrometheus | None = None
         self.metric_source: MetricSource | None = None
@@ -148,10 +172,20 @@ class LocalRuntime:
         self._started_s = clock()
         self._stopped = False
 
+    @property
+    def router(self) -> RouterServer:
+        if self._router is None:
+            raise RuntimeError("the router is built by LocalRuntime.start()")
+        return self._router
+
     # -- start ----------------------------------------------------------------------------------
     async def start(self) -> None:
         state_dir = self.settings.state_dir
         models = await asyncio.to_thread(self._resolve_models)
+        launches = {d.name: engine_launch(d, models[d.name].path) for d in self.deployments}
+        if self._router_settings_given is None:
+            self.router_settings = local_router_settings(self.router_settings, self.deployments, launches)
+        self._router = RouterServer(self.router_settings, self.source, InProcessWakeSignal(self._wake))
         self._session = aiohttp.ClientSession()
         try:
             for d in self.deployments:
@@ -192,7 +226,7 @@ class LocalRuntime:
             )
             now = self.clock()
             for d in self.deployments:
-                launch = engine_launch(d, models[d.name].path)
+                launch = launches[d.name]
                 processes = DeploymentProcesses(
                     name=d.name,
                     command=launch.argv,
@@ -203,6 +237,7 @@ class LocalRuntime:
                     max_replicas=self._max_replicas(d),
                     engine_inflight=self._engine_inflight,
                     env=launch.process_env(),
+                    kv_events=launch.kv_events,
                 )
                 # Like the operator, start at the floor: the policy scales from there (it leaves a
                 # deployment at zero alone until traffic arrives, whatever minReplicas says).
@@ -384,7 +419,8 @@ class LocalRuntime:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await self.router.stop()
+        if self._router is not None:
+            await self._router.stop()
         if self.metric_source is not None:
             await self.metric_source.close()
         if self.prometheus is not None:

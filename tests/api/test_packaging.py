@@ -71,7 +71,7 @@ CONTROL_PLANE_PACKAGES = [
 ]
 
 
-def _install_without_engine(repo_root: Path, venv: Path) -> None:
+def _install_without_engine(repo_root: Path, venv: Path, extras: str = "") -> None:
     """A fresh venv with kvfleet installed as a wheel from a copy of the sources (as the
     control-plane image does), no extras. Offline from uv's cache when it holds everything."""
     from uv import find_uv_bin
@@ -86,7 +86,7 @@ def _install_without_engine(repo_root: Path, venv: Path) -> None:
         shutil.copytree(repo_root / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([uv, "venv", "-q", "--python", base, str(venv)], check=True, timeout=60)
-    install = [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(src)]
+    install = [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), f"{src}{extras}"]
     offline = subprocess.run([*install, "--offline"], capture_output=True, text=True, timeout=240)
     if offline.returncode != 0:
         # A cache without some package (a fresh machine): let uv fetch it.
@@ -133,3 +133,27 @@ def test_control_plane_runs_without_the_engine_extra(repo_root: Path, tmp_path: 
     )
     assert result.returncode != 0
     assert "pip install 'kvfleet[engine]'" in result.stderr and "torch" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_control_plane_images_router_tokenizes_without_torch(repo_root: Path, tmp_path: Path) -> None:
+    """The image's kv-events extra is enough for the router's prompt tokenizer (docs/router.md)."""
+    from kvfleet.engine.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny", layers=1, hidden=32, vocab=512)
+    venv = tmp_path / "venv"
+    _install_without_engine(repo_root, venv, "[kv-events]")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    probe = (
+        "import importlib.util, sys\n"
+        "from pathlib import Path\n"
+        "from kvfleet.router.prompt_tokens import load_tokenizer, prompt_token_ids\n"
+        "assert importlib.util.find_spec('torch') is None\n"
+        f"tokenizer = load_tokenizer(Path({str(model)!r}))\n"
+        "print(len(prompt_token_ids(tokenizer, {'prompt': 'hello world'}) or []))\n"
+    )
+    result = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) > 0

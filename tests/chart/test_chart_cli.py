@@ -21,6 +21,7 @@ from kvfleet.autoscaler.settings import AutoscalerSettings
 from kvfleet.cli import cli
 from kvfleet.operator.settings import OperatorSettings
 from kvfleet.router.cli import load_settings as load_router_settings
+from kvfleet.router.cli import parse_tokenizers
 from kvfleet.router.settings import RouterSettings
 
 from .conftest import CI_VALUES, NAMESPACE, objects, render
@@ -63,9 +64,11 @@ def build_settings(component: str, params: dict[str, Any]) -> object:
     if component == "router":
         assert params["kubernetes"] and not params["replicas"], "the chart's router discovers replicas in Kubernetes"
         keys = ("host", "port", "placement", "load_bound_slack_requests", "max_held_requests")
+        keys += ("kv_events_port", "kv_events_announced_only")
         overrides = {k: params[k] for k in keys}
         overrides["client_namespace_header"] = params["client_namespace_header"]
         overrides["shared_namespaces"] = params["shared_namespaces"] or None
+        overrides["kv_events_tokenizers"] = parse_tokenizers(params["kv_events_tokenizer"]) or None
         return load_router_settings(None, overrides)
     options = {k: v for k, v in params.items() if k not in ("files", "verbose") and v is not None}
     return AutoscalerSettings(**options)
@@ -160,3 +163,15 @@ def test_shared_namespaces_without_the_header_fail_the_install() -> None:
         render({"router": {"sharedNamespaces": ["platform"]}})
     with pytest.raises(helm_python.HelmValuesError, match="sharedNamespaces"):
         render({"router": {"clientNamespaceHeader": "X-Ns", "sharedNamespaces": ["Bad_NS"]}})
+
+
+def test_ha_routers_subscribe_to_kv_events_with_their_tokenizers(render_ci: Render) -> None:
+    docs = render_ci(next(p for p in CI_VALUES if p.name == "ha-values.yaml"))
+    _, params, _ = parse(container(docs, "router")["args"])
+    settings = build_settings("router", params)
+    assert isinstance(settings, RouterSettings)
+    assert settings.kv_events_port == 5557 and settings.kv_events_announced_only
+    assert settings.kv_events_tokenizers == {
+        "llama-3.1-8b": "/var/lib/kvfleet/tokenizers/0/llama-3.1-8b",
+        "qwen2.5-7b": "/var/lib/kvfleet/tokenizers/1/qwen2.5-7b",
+    }

@@ -198,3 +198,41 @@ def test_the_wake_token_reaches_the_routers_and_the_autoscaler_only(render_ci: R
             assert volumes["wake-token"]["secret"]["secretName"] == secret["metadata"]["name"]
         else:
             assert "wake-token" not in volumes, component
+
+
+def router_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    router = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
+    return dict(router["spec"]["template"]["spec"])
+
+
+def test_router_subscribes_to_kv_events_for_models_with_a_mounted_tokenizer() -> None:
+    tokenizers = [
+        {
+            "model": "llama",
+            "volume": {"persistentVolumeClaim": {"claimName": "tokenizers", "readOnly": True}},
+            "subPath": "llama-3.1-8b",
+        },
+        {"model": "qwen", "volume": {"configMap": {"name": "qwen-tokenizer"}}},
+    ]
+    pod = router_pod(objects(render({"router": {"kvEvents": {"tokenizers": tokenizers}}})))
+    container = pod["containers"][0]
+    args = container["args"]
+    assert "--kv-events-port=5557" in args and "--kv-events-announced-only" in args
+    assert [a for a in args if a.startswith("--kv-events-tokenizer=")] == [
+        "--kv-events-tokenizer=llama=/var/lib/kvfleet/tokenizers/0/llama-3.1-8b",
+        "--kv-events-tokenizer=qwen=/var/lib/kvfleet/tokenizers/1",
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tokenizer-0"]["persistentVolumeClaim"] == {"claimName": "tokenizers", "readOnly": True}
+    assert volumes["tokenizer-1"]["configMap"] == {"name": "qwen-tokenizer"}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["tokenizer-1"] == {
+        "name": "tokenizer-1",
+        "mountPath": "/var/lib/kvfleet/tokenizers/1",
+        "readOnly": True,
+    }
+    # Without tokenizers (the default) or with events off, nothing is subscribed to.
+    for values in ({}, {"router": {"kvEvents": {"enabled": False, "tokenizers": tokenizers}}}):
+        pod = router_pod(objects(render(values)))
+        assert not [a for a in pod["containers"][0]["args"] if a.startswith("--kv-events")]
+        assert not [v for v in pod["volumes"] if v["name"].startswith("tokenizer-")]

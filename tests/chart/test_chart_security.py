@@ -122,9 +122,19 @@ def test_engines_take_traffic_from_routers_prometheus_and_the_operator_only() ->
         allowed = peers(policy)
         assert sorted(component(p) for p in allowed["http"]) == ["prometheus", "router"]
         assert sorted(component(p) for p in allowed["launcher"]) == ["operator", "prometheus"]
+        # The KV-cache events carry prompts' token ids: routers only.
+        assert [component(p) for p in allowed["kv-events"]] == ["router"]
         router = next(p for p in allowed["http"] if component(p) == "router")
         assert router["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kvfleet-system"}}
         assert next(p for p in allowed["http"] if component(p) == "prometheus") == prometheus
+
+
+def test_the_events_port_stays_closed_when_kv_events_are_off() -> None:
+    values = {"networkPolicy": {"engineNamespaces": ["team-a"]}, "router": {"kvEvents": {"enabled": False}}}
+    (policy,) = [
+        d for d in docs_of(values) if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-engines")
+    ]
+    assert "kv-events" not in peers(policy)
 
 
 def test_the_wake_port_takes_routers_and_prometheus_only() -> None:

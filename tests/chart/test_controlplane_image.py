@@ -57,7 +57,10 @@ def test_runs_as_the_charts_non_root_uid(dockerfile: DockerfileParser) -> None:
 
 def test_installs_kvfleet_without_the_engine_extra(repo_root: Path, dockerfile: DockerfileParser) -> None:
     runs = " ".join(i["value"] for i in final_stage(dockerfile) if i["instruction"] == "RUN")
-    assert "pip install /wheels/kvfleet-" in runs
+    # The kv-events extra (tokenizers, jinja2: the router's prompt tokenizer) and nothing heavier.
+    assert 'pip install "$(echo /wheels/kvfleet-*.whl)[kv-events]"' in runs
+    extra = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["kv-events"]
+    assert sorted(d.split(">")[0] for d in extra) == ["jinja2", "tokenizers"]
     assert "[engine]" not in runs and "torch==" not in runs and "--index-url" not in runs
     # The build fails if torch arrives anyway (through a dependency), and drops the installer.
     assert "find_spec('torch') is None" in runs

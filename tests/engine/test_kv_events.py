@@ -3,6 +3,7 @@ view (the router's decoder and cache view) matches the pool block for block, evi
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import zmq
 
 from kvfleet.engine.block_pool import BlockPool, chain_block_hashes
-from kvfleet.engine.kv_events import KVEventsConfig
+from kvfleet.engine.kv_events import KVEventsConfig, ZmqEventPublisher, binds
 from kvfleet.engine.sampling import SamplingParams
 from kvfleet.router.kv_events import CacheView, SequenceCheck, decode_batch, decode_frames, token_block_hashes
 
@@ -118,3 +119,30 @@ def test_subscriber_view_matches_the_pool_through_evictions(tiny_model_dir: Path
     finally:
         sub.close(0)
         core.close()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "bound"),
+    [
+        ("tcp://*:5557", True),  # vLLM's rule: wildcard, IPv6, ipc and inproc are bound
+        ("tcp://[::]:5557", True),
+        ("ipc:///tmp/kv", True),
+        ("inproc://kv", True),
+        ("tcp://collector:5557", False),  # a collector binds; the engine connects, as vLLM does
+        ("tcp://10.0.0.7:5557", False),
+        ("tcp://127.0.0.1:5557", True),  # loopback: local mode's engines publish on 127.0.0.1 alone
+        ("tcp://localhost:5557", True),
+    ],
+)
+def test_which_endpoints_the_publisher_binds(endpoint: str, bound: bool) -> None:
+    assert binds(endpoint) is bound
+
+
+def test_a_loopback_endpoint_is_bound_on_loopback() -> None:
+    port = pick_free_port()
+    publisher = ZmqEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{port}"))
+    try:
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))  # the publisher holds it (a connecting one would not)
+    finally:
+        publisher.close()

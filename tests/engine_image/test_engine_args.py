@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kvfleet.engine.kv_events import KVEventsConfig
 from kvfleet.engine_image.engine_args import (
     ReferenceEngineSizing,
     RenderError,
@@ -214,3 +216,49 @@ def test_reference_runs_through_the_given_interpreter() -> None:
     command = ("/opt/venv/bin/python", "-m", "kvfleet.cli")
     argv = render_engine_command(make_spec("reference"), inputs(kvfleet_command=command)).argv
     assert argv[:5] == (*command, "engine", "serve")
+
+
+def spec_with(kind: str, routing: dict[str, Any] | None = None, **engine: Any) -> InferenceDeploymentSpec:
+    base = make_spec(kind, **engine).to_wire()
+    return InferenceDeploymentSpec.model_validate({**base, "routing": routing or {}})
+
+
+@pytest.mark.parametrize("kind", ["vllm", "reference"])
+def test_kv_events_published_by_default_on_the_pods_port(kind: str) -> None:
+    argv = render_engine_command(spec_with(kind), inputs(kv_events_port=6001)).argv
+    config = json.loads(flag_value(argv, "--kv-events-config") or "{}")
+    # vLLM's KVEventsConfig fields; the reference engine parses the same JSON (engine/kv_events.py).
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:6001", "topic": ""}
+    assert KVEventsConfig.from_json(flag_value(argv, "--kv-events-config") or "").enabled
+
+
+@pytest.mark.parametrize(
+    ("kind", "routing", "engine"),
+    [
+        ("vllm", {"kvEvents": {"enabled": False}}, {}),  # turned off
+        ("reference", {"kvEvents": {"enabled": False}}, {}),
+        ("vllm", {}, {"enablePrefixCaching": False}),  # no prefix cache: nothing to report
+        ("sglang", {}, {}),  # no vLLM-format publisher
+    ],
+)
+def test_kv_events_absent(kind: str, routing: dict[str, Any], engine: dict[str, Any]) -> None:
+    spec = spec_with(kind, routing, **engine)
+    assert not spec.publishes_kv_events
+    assert "--kv-events-config" not in render_engine_command(spec, inputs()).argv
+
+
+def test_kv_events_config_from_extra_args_is_used_as_given() -> None:
+    own = '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","topic":"t"}'
+    command = render_engine_command(spec_with("vllm", extraArgs=["--kv-events-config", own]), inputs())
+    assert command.argv.count("--kv-events-config") == 1 and flag_value(command.argv, "--kv-events-config") == own
+    assert any("--kv-events-config" in note and "5557" in note for note in command.notes)
+
+
+def test_launcher_ports_are_distinct_and_the_events_port_reaches_the_engine() -> None:
+    from kvfleet.engine_image.settings import LauncherSettings
+
+    assert LauncherSettings().kv_events_port == 5557  # the operator's kv-events container port
+    with pytest.raises(ValueError, match="engine_port, metrics_port and kv_events_port must differ"):
+        LauncherSettings(kv_events_port=8000)
+    with pytest.raises(ValueError, match="kv_events_port"):
+        LauncherSettings(kv_events_port=0)

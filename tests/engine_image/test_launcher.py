@@ -289,3 +289,16 @@ def test_the_launcher_pulls_hf_models_from_the_one_cache_layout(model: dict[str,
     if model["uri"].startswith("hf://"):
         with pytest.raises(LaunchError, match=r"spec\.cache\.bucket"):
             weights_location(no_bucket)
+
+
+def test_the_engine_publishes_kv_events_on_the_launchers_port(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from kvfleet.engine_image.engine_args import render_engine_command
+
+    settings = replace(make_settings(tmp_path), kv_events_port=6100)
+    deps = LaunchDeps(weights=LocalWeights(tmp_path), render=render_engine_command)
+    launcher = Launcher(make_launch(tmp_path / "m"), settings, deps)
+    argv = launcher._render(tmp_path / "m", None).argv
+    config = argv[argv.index("--kv-events-config") + 1]
+    assert '"endpoint":"tcp://*:6100"' in config

@@ -209,6 +209,9 @@ def lifecycle(
                 f"http://127.0.0.1:{autoscaler_port}",
                 "--wake-token-file",
                 str(wake_token),
+                # As the chart runs it with router.kvEvents: subscribe where a slice names kv-events.
+                "--kv-events-port=5557",
+                "--kv-events-announced-only",
                 *(["--namespace", namespace] if scope_args else []),
             ],
             kc["kvfleet-router"],
@@ -249,6 +252,14 @@ def lifecycle(
         pod_name = pod["metadata"]["name"]
         replica = f'kvfleet_router_inflight{{model="tiny",namespace="{namespace}",replica="{pod_name}"}}'
         wait_for(lambda: replica in _metrics(router_port), 30, f"the router to know {replica}")
+        # The engine Service names its kv-events port, the real EndpointSlice controller copies it into
+        # the slice, and the router subscribed there (no engine answers behind a kwok pod's IP).
+        service = kubectl.json("get", "service", "life-engine", "-n", namespace)
+        assert {"name": "kv-events", "port": 5557, "protocol": "TCP", "targetPort": "kv-events"} in service["spec"][
+            "ports"
+        ]
+        subscribed = 'kvfleet_router_kv_event_subscriptions{model="tiny"} 1.0'
+        wait_for(lambda: subscribed in _metrics(router_port), 30, "the router to subscribe to the replica's events")
         kubectl("delete", "infd", "life", "-n", namespace, "--timeout=60s")
         time.sleep(3)  # the router and autoscaler see the deletion
     finally:

@@ -65,3 +65,36 @@ def test_cpu_quantity_sets_engine_threads() -> None:
     d = deployment("file:///m", resources={"gpus": 0, "cpu": "2"}, engine={"kind": "reference", "maxModelLen": 512})
     argv = engine_launch(d, Path("/m")).argv(1)
     assert argv[argv.index("--threads") + 1] == "2" and argv[argv.index("--max-model-len") + 1] == "512"
+
+
+def test_engines_publish_kv_events_on_loopback_where_the_router_can_tokenize(tmp_path: Path) -> None:
+    import json
+
+    from kvfleet.local.runtime import local_router_settings
+    from kvfleet.router.settings import RouterSettings
+
+    with_tokenizer = tmp_path / "with"
+    with_tokenizer.mkdir()
+    (with_tokenizer / "tokenizer.json").write_text("{}")
+    launch = engine_launch(deployment("file:///m"), with_tokenizer)
+    assert launch.kv_events
+    argv = launch.argv(1234, 5600)
+    config = json.loads(argv[argv.index("--kv-events-config") + 1])
+    # Loopback, which the reference engine binds: the events (prompts' token ids) stay on this machine.
+    assert config["endpoint"] == "tcp://127.0.0.1:5600" and config["enable_kv_cache_events"] is True
+    assert "--kv-events-config" not in launch.argv(1234)  # no events port given: none published
+    # No tokenizer for the router, events off in the spec, or the user's own config: none of ours.
+    without = [
+        engine_launch(deployment("file:///m"), tmp_path),
+        engine_launch(deployment("file:///m", routing={"kvEvents": {"enabled": False}}), with_tokenizer),
+        engine_launch(
+            deployment("file:///m", engine={"kind": "reference", "extraArgs": ["--kv-events-config={}"]}),
+            with_tokenizer,
+        ),
+    ]
+    assert [w.kv_events for w in without] == [False, False, False]
+    base = RouterSettings(port=0)
+    settings = local_router_settings(base, [deployment("file:///m")], {"tiny": launch})
+    assert settings.kv_events_tokenizers == {"tiny": str(with_tokenizer)}
+    assert settings.kv_events_announced_only and settings.kv_events_port is not None
+    assert local_router_settings(base, [deployment("file:///m")], {"tiny": without[0]}) == base

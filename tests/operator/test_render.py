@@ -94,7 +94,7 @@ def test_launcher_entrypoint_ports_and_probes() -> None:
     c = container(dep)
     assert c["command"] == ["kvfleet", "engine", "launch", "--spec", "/etc/kvfleet/spec.json"]
     assert c["image"] == SETTINGS.images["vllm"]
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "launcher": 9400}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "launcher": 9400, "kv-events": 5557}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
     # 3 x 200 s = 600 s of startup budget, probed every 10 s: 60 failures allowed.
@@ -274,7 +274,11 @@ def test_labels_and_owner_reference_on_every_child() -> None:
     assert dep["spec"]["template"]["metadata"]["labels"]["kvfleet.io/deployment"] == "m"
     service = children[2]
     assert service["spec"]["clusterIP"] == "None"
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 8000, "launcher": 9400}
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "http": 8000,
+        "launcher": 9400,
+        "kv-events": 5557,
+    }
     assert children[4]["spec"]["maxUnavailable"] == 1
     assert [e["port"] for e in children[5]["spec"]["endpoints"]] == ["http", "launcher"]
 
@@ -299,8 +303,9 @@ def test_spec_json_is_the_launcher_contract() -> None:
         ({"resources": {"gpus": 2}}, True),
         ({"autoscaling": {"maxReplicas": 9}}, False),
         ({"routing": {"strategy": "least-load"}}, False),
+        ({"routing": {"kvEvents": {"enabled": False}}}, True),  # --kv-events-config is an engine flag
     ],
-    ids=["engine-flag", "gpus", "autoscaling-knob", "routing-knob"],
+    ids=["engine-flag", "gpus", "autoscaling-knob", "routing-knob", "kv-events"],
 )
 def test_pod_hash_changes_only_for_pod_relevant_fields(change: dict[str, Any], rolls: bool) -> None:
     assert (pod_spec_hash(spec(**change)) != pod_spec_hash(spec())) is rolls
@@ -379,3 +384,30 @@ def test_engine_pods_get_public_artifact_keys_and_no_signing_key() -> None:
         OperatorSettings(artifact_public_keys=pem + keys)
     with pytest.raises(ValueError, match="no PEM public key"):
         OperatorSettings(artifact_public_keys="not a key")
+
+
+@pytest.mark.parametrize(
+    ("fields", "published"),
+    [
+        ({}, True),  # vllm with prefix caching: on by default
+        ({"engine": {"kind": "reference"}, "resources": {"gpus": 0}}, True),
+        ({"routing": {"kvEvents": {"enabled": False}}}, False),
+        ({"engine": {"enablePrefixCaching": False}}, False),
+        ({"engine": {"kind": "sglang"}}, False),  # no vLLM-format publisher
+    ],
+)
+def test_kv_events_port_only_where_the_engine_publishes(fields: dict[str, Any], published: bool) -> None:
+    children = render_children(OWNER, spec(**fields), 1, SETTINGS, service_monitor=False)
+    service = next(c for c in children if c["kind"] == "Service")
+    dep = next(c for c in children if c["kind"] == "Deployment")
+    wanted = [{"name": "kv-events", "port": 5557, "targetPort": "kv-events", "protocol": "TCP"}] if published else []
+    # The Service's port names reach its EndpointSlices, where the routers find the events port.
+    assert [p for p in service["spec"]["ports"] if p["name"] == names.KV_EVENTS_PORT] == wanted
+    in_pod = [p for p in container(dep)["ports"] if p["name"] == names.KV_EVENTS_PORT]
+    assert in_pod == ([{"name": "kv-events", "containerPort": 5557, "protocol": "TCP"}] if published else [])
+
+
+def test_operator_and_router_agree_on_the_events_port_name() -> None:
+    from kvfleet.router.kubernetes_source import KV_EVENTS_PORT_NAME
+
+    assert names.KV_EVENTS_PORT == KV_EVENTS_PORT_NAME

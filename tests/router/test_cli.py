@@ -71,3 +71,23 @@ def test_bad_settings_and_arguments_are_named(tmp_path: Path) -> None:
     assert result.returncode == 2 and "http(s)://host:port" in result.stderr
     result = subprocess.run([*KVFLEET, "router", "serve"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--kubernetes" in result.stderr
+
+
+def test_kv_events_flags_become_settings() -> None:
+    import click
+    import pytest
+
+    from kvfleet.router.cli import load_settings, parse_tokenizers
+
+    tokenizers = parse_tokenizers(("llama=/var/lib/kvfleet/tokenizers/llama", "qwen=/t/q"))
+    settings = load_settings(
+        None, {"kv_events_port": 5557, "kv_events_announced_only": True, "kv_events_tokenizers": tokenizers}
+    )
+    assert settings.kv_events_port == 5557 and settings.kv_events_announced_only
+    assert settings.kv_events_tokenizers == {"llama": "/var/lib/kvfleet/tokenizers/llama", "qwen": "/t/q"}
+    with pytest.raises(click.BadParameter, match="expected MODEL=DIR"):
+        parse_tokenizers(("llama",))
+    with pytest.raises(click.BadParameter, match="'llama' is given twice"):
+        parse_tokenizers(("llama=/a", "llama=/b"))
+    with pytest.raises(click.BadParameter, match=r"kv_events_tokenizers: .*only used with kv_events_port"):
+        load_settings(None, {"kv_events_tokenizers": tokenizers})

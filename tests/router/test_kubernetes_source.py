@@ -327,3 +327,24 @@ async def test_router_serves_through_kubernetes_discovery(k8s_url: str, backends
             async with session.post(router.url + "/v1/completions", json=body) as resp:
                 assert resp.status == 200
                 assert resp.headers["X-Kvfleet-Replica"] == backends[1].replica_id
+
+
+def test_a_slices_kv_events_port_reaches_its_endpoints() -> None:
+    # The operator names the events port kv-events on the engine Service (operator/pod.py engine_ports).
+    with_events = endpoint_slice("s1", "llama", [endpoint("p0", "10.0.0.1"), endpoint("p1", "fd00::1")])
+    with_events["ports"] = [
+        {"name": "http", "port": 8000, "protocol": "TCP"},
+        {"name": "launcher", "port": 9400, "protocol": "TCP"},
+        {"name": "kv-events", "port": 5557, "protocol": "TCP"},
+    ]
+    assert [(e.url, e.kv_events_port) for e in slice_endpoints(with_events)] == [
+        ("http://10.0.0.1:8000", 5557),
+        ("http://[fd00::1]:8000", 5557),
+    ]
+    # Without the port (events off, or an SGLang engine) the replicas announce none.
+    without = endpoint_slice("s2", "llama", [endpoint("p0", "10.0.0.1")])
+    assert [e.kv_events_port for e in slice_endpoints(without)] == [None]
+    # A port the API would never send (unset, not a number) is no port.
+    odd = endpoint_slice("s3", "llama", [endpoint("p0", "10.0.0.1")])
+    odd["ports"] = [{"name": "http", "port": 8000}, {"name": "kv-events", "port": None}]
+    assert [e.kv_events_port for e in slice_endpoints(odd)] == [None]

@@ -250,3 +250,36 @@ def test_settings_refuse_tokenizers_without_events_and_a_missing_tokenizer_stops
             NoWakeSignal(),
             RouterMetrics(),
         )
+
+
+async def test_announced_only_subscribes_where_discovery_names_a_port(
+    tiny_model: Path, publishers: list[Publisher]
+) -> None:
+    # As the chart runs it: the Kubernetes source names a port only where the engine publishes.
+    settings = RouterSettings(
+        kv_events_port=publishers[1].port,
+        kv_events_announced_only=True,
+        kv_events_tokenizers={"m": str(tiny_model)},
+        kv_events_reconnect_s=0.05,
+        placement=False,
+    )
+    fleet = Fleet(settings, NoWakeSignal(), RouterMetrics())
+    source = StaticReplicaSource()
+    source.set_deployment("m", routing=RoutingSpec(prefix_block_chars=16))
+    source.add("m", "r0", "http://127.0.0.1:9000", kv_events_port=publishers[0].port)
+    source.add("m", "r1", "http://127.0.0.1:9001")  # publishes on the default port, but does not say so
+    await source.start(fleet)
+    try:
+        tokens = list(range(1, 9))
+        await publish_until_usable(fleet, publishers[0], "r0", tokens, 1)
+        for _ in range(10):
+            publishers[1].store(tokens, 1)
+            await asyncio.sleep(0.02)
+        caches = fleet.engine_caches("m")
+        assert caches is not None and caches.get("r1") is None, "no subscription to a replica naming no port"
+        # The same replica announcing its port later is subscribed to.
+        source.remove("m", "r1")
+        source.add("m", "r1", "http://127.0.0.1:9001", kv_events_port=publishers[1].port)
+        await publish_until_usable(fleet, publishers[1], "r1", tokens, 1)
+    finally:
+        await fleet.close()

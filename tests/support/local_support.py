@@ -20,7 +20,7 @@ class RecordingRegistry:
     history: list[tuple[str, str]] = field(default_factory=list)
     router_inflight: dict[str, int] = field(default_factory=dict)
 
-    def add(self, deployment: str, replica_id: str, url: str) -> None:
+    def add(self, deployment: str, replica_id: str, url: str, kv_events_port: int | None = None) -> None:
         self.active[replica_id] = url
         self.history.append(("add", replica_id))
 
@@ -38,7 +38,7 @@ class RecordingRegistry:
 
 
 def replica_command(*extra: str) -> object:
-    def command(port: int) -> Sequence[str]:
+    def command(port: int, kv_events_port: int | None = None) -> Sequence[str]:
         return [sys.executable, str(REPLICA_SERVER), "--port", str(port), *extra]
 
     return command

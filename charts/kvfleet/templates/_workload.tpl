@@ -2,6 +2,7 @@
 One kvfleet component: its Deployment. Call with
   (dict "root" $ "component" "router" "args" (list ...) "healthPath" "/health" "replicas" 2 "wakeToken" true)
 "wakeToken" mounts the shared wake token (wake-token.yaml) at /var/run/kvfleet/wake/token.
+"volumes" and "mounts" (lists of Volume and VolumeMount objects) add the component's own.
 "policy" mounts the spec policy ConfigMap (spec-policy.yaml) at /etc/kvfleet/policy/policy.yaml
 and stamps its checksum on the pod template, so a changed policy restarts the pod that reads it.
 The three components differ only in command, port, probes and replica policy, so they share this.
@@ -122,6 +123,9 @@ spec:
               mountPath: /etc/kvfleet/policy
               readOnly: true
             {{- end }}
+            {{- with .mounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
       volumes:
         - name: tmp
           emptyDir:
@@ -137,6 +141,9 @@ spec:
         - name: policy
           configMap:
             name: {{ include "kvfleet.fullname" $root }}-policy
+        {{- end }}
+        {{- with .volumes }}
+        {{- toYaml . | nindent 8 }}
         {{- end }}
       {{- with $values.nodeSelector }}
       nodeSelector:
