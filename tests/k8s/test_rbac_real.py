@@ -258,7 +258,7 @@ def lifecycle(
         assert {"name": "kv-events", "port": 5557, "protocol": "TCP", "targetPort": "kv-events"} in service["spec"][
             "ports"
         ]
-        subscribed = 'kvfleet_router_kv_event_subscriptions{model="tiny"} 1.0'
+        subscribed = f'kvfleet_router_kv_event_subscriptions{{model="tiny",namespace="{namespace}"}} 1.0'
         wait_for(lambda: subscribed in _metrics(router_port), 30, "the router to subscribe to the replica's events")
         kubectl("delete", "infd", "life", "-n", namespace, "--timeout=60s")
         time.sleep(3)  # the router and autoscaler see the deletion
