@@ -87,6 +87,9 @@ def test_chart_installs_upgrades_and_uninstalls(
     # The chart installs the CRD itself; one applied another way first (another test, or a user's
     # `kubectl apply -f crds/`) needs --skip-crds, as the README says: Helm 4 will not take it over.
     crd_there = kubectl.get("crd", "inferencedeployments.kvfleet.io") is not None
+    claims = claims_named(rendered)
+    for claim in claims:  # the platform's claims the values mount (ha: the routers' tokenizers)
+        provide_claim(kubectl, release_namespace, claim)
     helm(
         "install",
         "kvfleet",
@@ -136,3 +139,56 @@ def test_chart_installs_upgrades_and_uninstalls(
         "name",
     )
     assert left.strip() == "", f"left behind after uninstall:\n{left}"
+    for claim in claims:
+        kubectl("delete", "pvc", claim, "-n", release_namespace, "--wait=false")
+        kubectl("delete", "pv", f"{release_namespace}-{claim}", "--wait=false")
+
+
+def claims_named(rendered: str) -> list[str]:
+    """The PersistentVolumeClaims the rendered pods mount, in order."""
+    out: list[str] = []
+    for doc in yaml.safe_load_all(rendered):
+        pod = ((doc or {}).get("spec") or {}).get("template", {}).get("spec", {})
+        for volume in pod.get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim and claim not in out:
+                out.append(claim)
+    return out
+
+
+def provide_claim(kubectl: Kubectl, namespace: str, claim: str) -> None:
+    """A claim bound to a static PersistentVolume, as a platform team provides one: the controller-manager's
+    PV controller binds them (no storage driver needed), so the scheduler places the pods that mount it."""
+    if kubectl.get("namespace", namespace) is None:
+        kubectl("create", "namespace", namespace)
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{namespace}-{claim}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": f"/var/lib/kvfleet-test/{claim}"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": pv["metadata"]["name"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    for doc in (pv, pvc):
+        kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+    wait_for(
+        lambda: ((kubectl.get("pvc", claim, namespace) or {}).get("status") or {}).get("phase") == "Bound",
+        60,
+        f"claim {claim} to bind",
+    )

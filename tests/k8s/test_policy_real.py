@@ -90,6 +90,8 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def spec_doc(namespace: str, name: str, fields: dict[str, Any]) -> dict[str, Any]:
     doc = next(d for d in yaml.safe_load_all((REPO / "examples" / "tiny.yaml").read_text()) if d)
     doc["metadata"] = {"name": name, "namespace": namespace}
+    # Each its own served name: a refused spec still holds its claim (its old pods may still serve).
+    doc["spec"] = merge(doc["spec"], {"model": {"servedName": name}})
     doc["spec"] = merge(doc["spec"], fields)
     return dict(doc)
 
