@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from kvfleet.contracts import MODEL_URI_PATTERN
 from kvfleet.spec import (
     GROUP,
     KIND,
@@ -174,7 +175,6 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
 
 # String fields whose value is joined under a bucket or directory: no '..' (mirrors _check_prefix).
 NO_DOTDOT_PATHS = ("spec.cache.prefix", "spec.cache.artifacts.prefix")
-MODEL_URI_CRD_PATTERN = r"^(s3|hf|pvc|file)://.+$"
 
 PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.uri", "priority": 0},
@@ -250,7 +250,7 @@ def _convert(node: Any, defs: dict[str, Any], path: str) -> Any:
     if path in NO_DOTDOT_PATHS:
         out["x-kubernetes-validations"] = [{"rule": "!self.contains('..')", "message": f"{path} must not contain '..'"}]
     if path == "spec.model.uri":
-        out["pattern"] = MODEL_URI_CRD_PATTERN
+        out["pattern"] = MODEL_URI_PATTERN
     return out
 
 

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from kvfleet import contracts
 from kvfleet.spec import EngineKind
 from kvfleet.weight_cache.errors import ArtifactError
 from kvfleet.weight_cache.signing import MAX_KEY_FILE_BYTES, ArtifactTrust
@@ -50,10 +51,13 @@ class OperatorSettings(BaseModel):
     )
     image_pull_policy: str = Field(default="IfNotPresent", pattern=r"^(Always|IfNotPresent|Never)$")
     # --- ports (docs/contracts.md)
-    engine_port: int = Field(default=8000, ge=1, le=65535)
-    launcher_port: int = Field(default=9400, ge=1, le=65535)
+    engine_port: int = Field(default=contracts.ENGINE_HTTP_PORT, ge=1, le=65535)
+    launcher_port: int = Field(default=contracts.LAUNCHER_PORT, ge=1, le=65535)
     kv_events_port: int = Field(
-        default=5557, ge=1, le=65535, description="The engine's KV-cache events (ZeroMQ PUB), port kv-events."
+        default=contracts.KV_EVENTS_PORT,
+        ge=1,
+        le=65535,
+        description="The engine's KV-cache events (ZeroMQ PUB), port kv-events.",
     )
     # --- pod lifecycle
     run_as_user: int = Field(default=1000, ge=1, le=2**31 - 1, description="Non-root UID of the engine images.")
