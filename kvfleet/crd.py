@@ -34,7 +34,8 @@ from kvfleet.spec import (
 )
 from kvfleet.status import InferenceDeploymentStatus
 
-CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / f"{PLURAL}.{GROUP}.yaml"
+# The file name under crds/ (and charts/kvfleet/crds/); where that folder is, the caller says.
+CRD_FILE_NAME = f"{PLURAL}.{GROUP}.yaml"
 
 # The only nodes that keep unknown fields, and why. A test fails on any other.
 PRESERVE_UNKNOWN_FIELDS = {
@@ -338,11 +339,11 @@ def render_crd() -> str:
     return HEADER.format(preserve=preserve) + body
 
 
-def check_crd(path: Path = CRD_PATH) -> bool:
+def check_crd(path: Path) -> bool:
     """True when the file on disk is exactly what the models generate."""
     return path.exists() and path.read_text(encoding="utf-8") == render_crd()
 
 
-def write_crd(path: Path = CRD_PATH) -> None:
+def write_crd(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_crd(), encoding="utf-8")

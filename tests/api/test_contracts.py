@@ -47,9 +47,10 @@ def _endpoint_slice(service: dict[str, Any], pod_ip: str) -> dict[str, Any]:
     """The EndpointSlice Kubernetes' EndpointSlice controller derives from a Service: the Service's
     labels and named ports (in no promised order: here reversed), one ready endpoint per pod."""
     meta = service["metadata"]
+    ports = list(reversed(service["spec"]["ports"]))
     return {
         "metadata": {"name": f"{meta['name']}-abcde", "namespace": meta["namespace"], "labels": dict(meta["labels"])},
-        "ports": [{"name": p["name"], "port": p["port"], "protocol": "TCP"} for p in reversed(service["spec"]["ports"])],
+        "ports": [{"name": p["name"], "port": p["port"], "protocol": "TCP"} for p in ports],
         "endpoints": [
             {"addresses": [pod_ip], "conditions": {"ready": True}, "targetRef": {"kind": "Pod", "name": "chat-pod-0"}}
         ],
