@@ -42,13 +42,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+# Run as a script, this folder is first on sys.path: the sibling benchmark imports as a top-level module.
+from router_real import stream_trace
 
-from bench.router_real import stream_trace  # noqa: E402
-from kvfleet.engine.tiny_model import make_tiny_model  # noqa: E402
-from tests.router.conftest import Engine, pick_free_port, start_engine  # noqa: E402
+from kvfleet.engine.tiny_model import make_tiny_model
+from kvfleet.free_port import pick_free_port
+from kvfleet_testkit.engines import Engine, start_engine
+
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "docs" / "benchmarks"
 SERVED = "bench"

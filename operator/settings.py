@@ -18,7 +18,7 @@ FIELD_MANAGER = "kvfleet-operator"
 KOPF_PREFIX = "kvfleet.io"
 FINALIZER = f"{KOPF_PREFIX}/operator"
 
-# Images built from engine_image/ (issue 8): the launcher is their entrypoint. A spec's
+# Images built from engine_image/, whose entrypoint is the launcher. A spec's
 # engine.image overrides them and must be such an image too (it runs `kvfleet engine launch`).
 DEFAULT_IMAGES: dict[EngineKind, str] = {
     "vllm": "ghcr.io/kvfleet/engine-vllm:0.1.0",

@@ -93,3 +93,37 @@ def test_api_modules_import_no_component(repo_root: Path) -> None:
 )
 def test_the_check_finds_import_time_component_imports(source: str, found: list[str]) -> None:
     assert component_imports(source) == found
+
+
+# The folders of the product's distribution (pyproject's package-dir): what the wheel and images hold.
+PRODUCT_FOLDERS = ("kvfleet", "operator", "autoscaler", "router", "weight_cache", "engine", "engine_image")
+
+
+def lines_importing_testkit(source: str) -> list[int]:
+    """Lines that import kvfleet_testkit anywhere in a module, functions included: the product's
+    wheel and images do not carry the testkit, so even a lazy import would fail there."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n == "kvfleet_testkit" or n.startswith("kvfleet_testkit.") for n in names):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_product_never_imports_the_testkit(repo_root: Path) -> None:
+    files = [p for folder in PRODUCT_FOLDERS for p in sorted((repo_root / folder).rglob("*.py"))]
+    assert len(files) > 100
+    found = {str(p.relative_to(repo_root)): lines_importing_testkit(p.read_text()) for p in files}
+    offenders = {name: lines for name, lines in found.items() if lines}
+    assert offenders == {}
+
+
+def test_the_testkit_check_sees_lazy_imports() -> None:
+    source = "import os\n\ndef f():\n    from kvfleet_testkit.engines import start_engine\n\nimport kvfleet_testkit\n"
+    assert lines_importing_testkit(source) == [4, 6]
+    assert lines_importing_testkit("from kvfleet.free_port import pick_free_port\nimport kvfleet_testkits\n") == []

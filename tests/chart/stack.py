@@ -17,7 +17,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.processes import stop_process
+from kvfleet.free_port import pick_free_port
+from kvfleet_testkit.processes import stop_process
 
 KVFLEET = [sys.executable, "-c", "from kvfleet.cli import main; main()"]
 
@@ -87,9 +88,7 @@ def hung_listener() -> Iterator[int]:
 
 def dead_port() -> int:
     """A loopback port nothing listens on (connections are refused): a crashed replica."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return pick_free_port()
 
 
 def hold_request(router_url: str, model: str) -> socket.socket:

@@ -1,4 +1,5 @@
-"""KMock's Kubernetes API emulator, extended for the kopf operator's tests (tests/operator).
+"""KMock's Kubernetes API emulator, extended for the kopf operator's tests (tests/operator) and its
+resync benchmark (bench/operator_resync.py).
 
 KMock's emulator is deliberately simple (dict merges). ``ApiEmulator`` adds, in a few lines each,
 only the API semantics the operator relies on; the real semantics are left to tests/e2e:
