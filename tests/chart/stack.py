@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvfleet.free_port import pick_free_port
+from kvfleet_testkit.kmock_resources import register_inference_deployments
 from kvfleet_testkit.processes import stop_process
 
 KVFLEET = [sys.executable, "-c", "from kvfleet.cli import main; main()"]
@@ -122,14 +123,7 @@ def kubernetes_api(port: int, objects: Sequence[tuple[str, dict[str, object]]]) 
 
     async def serve() -> None:
         k8s = kmock.KubernetesEmulator()
-        k8s.resources.load_bundled()
-        k8s.resources["kvfleet.io/v1alpha1/inferencedeployments"] = kmock.ResourceInfo(
-            kind="InferenceDeployment",
-            singular="inferencedeployment",
-            namespaced=True,
-            verbs={"list", "watch", "get", "create", "patch", "delete"},
-            subresources={"status"},
-        )
+        register_inference_deployments(k8s)
         stop = asyncio.Event()
         loop_box.append(asyncio.get_running_loop())
         stop_box.append(stop)
