@@ -36,6 +36,9 @@ import re
 from dataclasses import dataclass
 
 from kvfleet.contracts import (
+    ROUTER_INFLIGHT,
+    ROUTER_QUEUE_DEPTH,
+    ROUTER_REQUESTS,
     VLLM_KV_CACHE_USAGE,
     VLLM_NUM_REQUESTS_RUNNING,
     VLLM_TTFT_SECONDS,
@@ -67,9 +70,9 @@ class MetricNames:
     engine_running: str = VLLM_NUM_REQUESTS_RUNNING
     kv_cache_usage: str = VLLM_KV_CACHE_USAGE
     ttft_bucket: str = f"{VLLM_TTFT_SECONDS}_bucket"
-    router_inflight: str = "kvfleet_router_inflight"
-    router_queue_depth: str = "kvfleet_router_queue_depth"
-    router_requests_total: str = "kvfleet_router_requests_total"
+    router_inflight: str = ROUTER_INFLIGHT
+    router_queue_depth: str = ROUTER_QUEUE_DEPTH
+    router_requests_total: str = f"{ROUTER_REQUESTS}_total"
     gpu_utilization_percent: str = "DCGM_FI_DEV_GPU_UTIL"
 
 

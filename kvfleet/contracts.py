@@ -103,3 +103,9 @@ VLLM_TTFT_SECONDS = "vllm:time_to_first_token_seconds"
 VLLM_ITL_SECONDS = "vllm:inter_token_latency_seconds"
 VLLM_E2E_LATENCY_SECONDS = "vllm:e2e_request_latency_seconds"
 VLLM_MODEL_LABEL = "model_name"
+
+# --- the router's series the autoscaler reads, labelled ``namespace`` and ``model`` (the deployment's
+# namespace and served name). The requests counter gains ``_total`` on the wire.
+ROUTER_REQUESTS = "kvfleet_router_requests"
+ROUTER_QUEUE_DEPTH = "kvfleet_router_queue_depth"
+ROUTER_INFLIGHT = "kvfleet_router_inflight"

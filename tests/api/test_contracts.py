@@ -22,6 +22,7 @@ from kvfleet.local.metrics import parse_engine_metrics
 from kvfleet.operator.render import Owner, render_children
 from kvfleet.operator.settings import OperatorSettings
 from kvfleet.router.kubernetes_source import slice_endpoints, slice_owner
+from kvfleet.router.metrics import RouterMetrics
 from kvfleet.spec import InferenceDeploymentSpec
 
 NAME, NAMESPACE = "chat", "team-a"
@@ -128,6 +129,18 @@ def test_autoscaler_names_are_the_engines_series() -> None:
         assert name in exposed, name
     both = [n for n in exposed if re.fullmatch(names.engine_running_waiting_regex, n)]
     assert sorted(both) == [contracts.VLLM_NUM_REQUESTS_RUNNING, contracts.VLLM_NUM_REQUESTS_WAITING]
+
+
+def test_autoscaler_names_are_the_routers_series() -> None:
+    metrics = RouterMetrics()
+    metrics.requests.inc((NAMESPACE, "org/llama", "200"))
+    metrics.queue_depth.labels(NAMESPACE, "org/llama").set(1)
+    metrics.track_inflight(lambda: [(NAMESPACE, "org/llama", "r0", 2, 1)])
+    samples = {s.name: s.labels for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+    names = MetricNames()
+    for name in (names.router_requests_total, names.router_queue_depth, names.router_inflight):
+        assert samples[name]["namespace"] == NAMESPACE, name
+        assert samples[name]["model"] == "org/llama", name
 
 
 def test_local_mode_reads_the_engines_series() -> None:
