@@ -12,21 +12,8 @@ from pathlib import Path
 
 import click
 
-import kvfleet
+from kvfleet.cli_options import checkout_file
 from kvfleet.crd import CRD_FILE_NAME, check_crd, write_crd
-
-
-def checkout_crd_path(package_dir: Path) -> Path:
-    """``crds/<CRD_FILE_NAME>`` of the source checkout whose ``kvfleet/`` package is ``package_dir``.
-
-    Raises ``click.UsageError`` when ``package_dir`` is not inside a checkout (an installed wheel)."""
-    root = package_dir.resolve().parent
-    if not (root / "pyproject.toml").is_file() or not (root / "crds").is_dir():
-        raise click.UsageError(
-            f"{root} is not a kvfleet source checkout (no pyproject.toml and crds/ beside the kvfleet package): "
-            "pass --file PATH to name the CRD file"
-        )
-    return root / "crds" / CRD_FILE_NAME
 
 
 @click.group()
@@ -46,7 +33,7 @@ def crd() -> None:
 def generate(check: bool, output: Path | None) -> None:
     """Write crds/inferencedeployments.kvfleet.io.yaml from the API types."""
     if output is None:
-        output = checkout_crd_path(Path(kvfleet.__file__).parent)
+        output = checkout_file(f"crds/{CRD_FILE_NAME}")
     if check:
         if not check_crd(output):
             click.echo(f"{output} is stale: run `kvfleet crd generate`", err=True)
