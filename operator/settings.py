@@ -15,7 +15,7 @@ from .policy import UNRESTRICTED, SpecPolicy
 
 FIELD_MANAGER = "kvfleet-operator"
 # Prefix of kopf's own bookkeeping (finalizer, progress and diff-base annotations).
-KOPF_PREFIX = "kvfleet.io"
+KOPF_PREFIX = contracts.API_GROUP
 FINALIZER = f"{KOPF_PREFIX}/operator"
 
 # Images built from engine_image/, whose entrypoint is the launcher. A spec's
