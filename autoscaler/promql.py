@@ -35,6 +35,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kvfleet.contracts import (
+    ROUTER_INFLIGHT,
+    ROUTER_QUEUE_DEPTH,
+    ROUTER_REQUESTS,
+    VLLM_KV_CACHE_USAGE,
+    VLLM_NUM_REQUESTS_RUNNING,
+    VLLM_TTFT_SECONDS,
+    engine_pod_regex,
+)
 from kvfleet.spec import NAME_PATTERN
 
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9._/:-]{1,253}$")
@@ -56,13 +65,14 @@ def label_value(value: str) -> str:
 class MetricNames:
     """Metric names, overridable when an engine or exporter names them differently."""
 
+    # Matches VLLM_NUM_REQUESTS_RUNNING and VLLM_NUM_REQUESTS_WAITING (tests/api/test_contracts.py).
     engine_running_waiting_regex: str = "vllm:num_requests_(running|waiting)"
-    engine_running: str = "vllm:num_requests_running"
-    kv_cache_usage: str = "vllm:kv_cache_usage_perc"
-    ttft_bucket: str = "vllm:time_to_first_token_seconds_bucket"
-    router_inflight: str = "kvfleet_router_inflight"
-    router_queue_depth: str = "kvfleet_router_queue_depth"
-    router_requests_total: str = "kvfleet_router_requests_total"
+    engine_running: str = VLLM_NUM_REQUESTS_RUNNING
+    kv_cache_usage: str = VLLM_KV_CACHE_USAGE
+    ttft_bucket: str = f"{VLLM_TTFT_SECONDS}_bucket"
+    router_inflight: str = ROUTER_INFLIGHT
+    router_queue_depth: str = ROUTER_QUEUE_DEPTH
+    router_requests_total: str = f"{ROUTER_REQUESTS}_total"
     gpu_utilization_percent: str = "DCGM_FI_DEV_GPU_UTIL"
 
 
@@ -78,7 +88,7 @@ def deployment_queries(
     if not re.match(NAME_PATTERN, name):
         # A DNS-1035 label has no regex metacharacters, so it goes into the pod regex as is.
         raise ValueError(f"{name!r} is not a valid InferenceDeployment name")
-    pod = f"{name}-engine-.*"
+    pod = engine_pod_regex(name)
     e = f'namespace="{ns}",model_name="{m}"'
     r = f'namespace="{ns}",model="{m}"'
     engines = f'{{__name__=~"{n.engine_running_waiting_regex}",{e}}}'

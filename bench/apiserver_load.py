@@ -30,7 +30,8 @@ from typing import Any
 import yaml
 
 from kvfleet.devcluster.binaries import ensure_binaries
-from kvfleet.devcluster.controlplane import ClusterSettings, ControlPlane, free_port, kubeconfig_document
+from kvfleet.devcluster.controlplane import ClusterSettings, ControlPlane, kubeconfig_document
+from kvfleet.free_port import pick_free_port
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "benchmarks"
@@ -98,7 +99,7 @@ def identities(plane: ControlPlane, folder: Path) -> dict[str, Path]:
 
 def start(folder: Path, kc: dict[str, Path]) -> list[subprocess.Popen[bytes]]:
     kvfleet = str(BIN / "kvfleet")
-    autoscaler_port = free_port()
+    autoscaler_port = pick_free_port()
     argv = {
         "operator": [kvfleet, "operator", "run"],
         "router": [
@@ -109,7 +110,7 @@ def start(folder: Path, kc: dict[str, Path]) -> list[subprocess.Popen[bytes]]:
             "--kubeconfig",
             str(kc["router"]),
             "--port",
-            str(free_port()),
+            str(pick_free_port()),
             "--autoscaler-url",
             f"http://127.0.0.1:{autoscaler_port}",
         ],

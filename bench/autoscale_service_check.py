@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -28,14 +27,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autoscale_sim import Cluster, ServiceModel, SimConfig
 
+from kvfleet.free_port import pick_free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / ".work"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def one(http: aiohttp.ClientSession, url: str, prompt: list[int], out: int) -> tuple[float, float]:
@@ -105,7 +100,7 @@ def main() -> int:
         subprocess.run(
             [*kvfleet, "engine", "make-tiny-model", str(model), "--layers", "4", "--hidden", "128"], check=True
         )
-    port = free_port()
+    port = pick_free_port()
     engine = subprocess.Popen(
         [
             *kvfleet,

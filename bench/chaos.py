@@ -37,6 +37,7 @@ from typing import Any
 import aiohttp
 
 from kvfleet.engine.tiny_model import make_tiny_model
+from kvfleet.free_port import pick_free_port
 from kvfleet.local.actuator import DeploymentProcesses
 from kvfleet.local.metrics import scrape_engine, total_inflight
 from kvfleet.local.models import EngineLaunch
@@ -297,7 +298,7 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
 
 
 async def start_engine_process(model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
+    port = pick_free_port()
     argv = EngineLaunch("eq", SERVED, model, ("--threads", "1", "--kv-blocks", "256"), {}).argv(port)
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - started once
@@ -315,14 +316,6 @@ async def start_engine_process(model: Path, log: Path) -> tuple[subprocess.Popen
             await asyncio.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"engine did not start, see {log}")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def continuation_equality(model: Path, log: Path, requests: int, seed: int) -> dict[str, Any]:

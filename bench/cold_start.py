@@ -41,12 +41,11 @@ from typing import Any
 
 from moto.server import ThreadedMotoServer
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from kvfleet.engine.tiny_model import make_tiny_model
+from kvfleet.free_port import pick_free_port
+from kvfleet.weight_cache import S3Settings, make_client, populate
 
-from kvfleet.engine.tiny_model import make_tiny_model  # noqa: E402
-from kvfleet.weight_cache import S3Settings, make_client, populate  # noqa: E402
-from tests.conftest import pick_free_port  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PHASES = ("pull", "artifacts", "engine_start", "first_ready")
 SCENARIOS = ("cold", "node-warm", "artifacts-warm", "all-warm")

@@ -40,12 +40,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from kvfleet.weight_cache import PullSettings, S3Settings, make_client, populate, pull_model
+from kvfleet.weight_cache.manifest import Manifest
+from kvfleet_testkit.s3_server import moto_s3_server
 
-from kvfleet.weight_cache import PullSettings, S3Settings, make_client, populate, pull_model  # noqa: E402
-from kvfleet.weight_cache.manifest import Manifest  # noqa: E402
-from tests.support.s3_server import moto_s3_server  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 GB = 10**9
 CHUNK = 8 << 20

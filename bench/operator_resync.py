@@ -18,24 +18,21 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import kopf
 
+from kvfleet.operator.kube import Credentials, KubeClient
+from kvfleet.operator.reconcile import INFD, Reconciler, ref_of
+from kvfleet.operator.render import Owner, kind_of, render_children
+from kvfleet.operator.replicas import decide_replicas
+from kvfleet.operator.settings import FIELD_MANAGER, OperatorSettings
+from kvfleet.validation import validate_spec
+from kvfleet_testkit.kube_emulator import DEPLOYMENTS, Cluster, serve_cluster
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from support.kube_emulator import DEPLOYMENTS, Cluster, serve_cluster  # noqa: E402
-
-from kvfleet.operator.kube import Credentials, KubeClient  # noqa: E402
-from kvfleet.operator.reconcile import INFD, Reconciler, ref_of  # noqa: E402
-from kvfleet.operator.render import Owner, kind_of, render_children  # noqa: E402
-from kvfleet.operator.replicas import decide_replicas  # noqa: E402
-from kvfleet.operator.settings import FIELD_MANAGER, OperatorSettings  # noqa: E402
-from kvfleet.validation import validate_spec  # noqa: E402
 
 OUT = REPO / "docs" / "benchmarks"
 NS = "default"

@@ -42,13 +42,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+# Run as a script, this folder is first on sys.path: the sibling benchmark imports as a top-level module.
+from router_real import stream_trace, words
 
-from bench.router_real import stream_trace  # noqa: E402
-from kvfleet.engine.tiny_model import make_tiny_model  # noqa: E402
-from tests.router.conftest import Engine, pick_free_port, start_engine  # noqa: E402
+from kvfleet.engine.tiny_model import make_tiny_model
+from kvfleet.free_port import pick_free_port
+from kvfleet_testkit.engines import Engine, start_engine
+
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "docs" / "benchmarks"
 SERVED = "bench"
@@ -60,15 +61,6 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {  # name -> (routers, extra `router
     "kvfleet + KV events, 3 routers": (3, ["--strategy", "prefix"]),
 }
 EVENTS_CONFIGS = {"kvfleet + KV events, 3 routers"}
-
-
-def words(rng: random.Random, n_chars: int) -> str:
-    out, size = [], 0
-    while size < n_chars:
-        w = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
-        out.append(w)
-        size += len(w) + 1
-    return " ".join(out)[:n_chars]
 
 
 def body(messages: list[dict[str, str]]) -> dict[str, Any]:

@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,18 +46,13 @@ from typing import Any
 
 import uvloop
 
+from kvfleet.free_port import pick_free_port
 from kvfleet.router.upstream import PoolSettings, UpstreamIOError, UpstreamPool
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "benchmarks"
 BACKEND = ROOT / "tests" / "router" / "backend.py"
 STATIC_BODY = '{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hello world"}]}'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout_s: float = 30) -> None:
@@ -334,8 +328,8 @@ def main() -> None:
     proxies = ["nginx", "kvfleet"] + (["kvfleet-before"] if args.before_src else [])
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         workdir = Path(tmp)
-        stream_port = free_port()
-        static_ports = [free_port() for _ in range(4)]
+        stream_port = pick_free_port()
+        static_ports = [pick_free_port() for _ in range(4)]
         static_port = static_ports[0]
         stream_url = f"http://127.0.0.1:{stream_port}"
         static_urls = [f"http://127.0.0.1:{port}" for port in static_ports]
@@ -345,7 +339,7 @@ def main() -> None:
         # name -> (streaming port or None (no latency test), static port, pid serving the static path)
         ports: dict[str, tuple[int | None, int, int | None]] = {"direct": (stream_port, static_port, None)}
         for name in proxies:
-            a, b = free_port(), free_port()
+            a, b = pick_free_port(), pick_free_port()
             if name == "nginx":
                 stack.enter_context(nginx(proxy_block(a, stream_port), a, workdir, proxy_cpu))
                 pid = stack.enter_context(nginx(proxy_block(b, static_port), b, workdir, proxy_cpu))
@@ -354,7 +348,7 @@ def main() -> None:
                 stack.enter_context(router([stream_url], a, proxy_cpu, src))
                 pid = stack.enter_context(router(static_urls[:1], b, proxy_cpu, src))
             ports[name] = (a, b, pid)
-        four = free_port()
+        four = pick_free_port()
         ports["kvfleet-4"] = (None, four, stack.enter_context(router(static_urls, four, proxy_cpu)))
         for r in range(args.repeats):
             result: dict[str, Any] = {"latency": {}, "throughput": {}, "throughput_long": {}}

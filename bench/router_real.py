@@ -21,7 +21,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -31,17 +30,15 @@ from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' shared helpers (tests/support), as pytest's pythonpath has it
+from kvfleet.engine.tiny_model import make_tiny_model
+from kvfleet.router.replicas import StaticReplicaSource
+from kvfleet.router.server import RouterServer
+from kvfleet.router.settings import RouterSettings
+from kvfleet.router.wake import NoWakeSignal
+from kvfleet.spec import RoutingSpec
+from kvfleet_testkit.engines import Engine, start_engine
 
-from kvfleet.engine.tiny_model import make_tiny_model  # noqa: E402
-from kvfleet.router.replicas import StaticReplicaSource  # noqa: E402
-from kvfleet.router.server import RouterServer  # noqa: E402
-from kvfleet.router.settings import RouterSettings  # noqa: E402
-from kvfleet.router.wake import NoWakeSignal  # noqa: E402
-from kvfleet.spec import RoutingSpec  # noqa: E402
-from tests.router.conftest import Engine, start_engine  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "docs" / "benchmarks"
 SERVED = "bench"

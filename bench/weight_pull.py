@@ -41,6 +41,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from kvfleet.free_port import pick_free_port
 from kvfleet.weight_cache import NodeCacheSettings, PopulateSettings, PullSettings, S3Settings, make_client, populate
 from kvfleet.weight_cache.download import plan_parts, pull_to_dir
 from kvfleet.weight_cache.pull import pull_model
@@ -53,12 +54,6 @@ OUT = REPO / "docs" / "benchmarks"
 BUCKET = "bench-weights"
 PREFIX = "models/bench"
 CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_moto(port: int) -> subprocess.Popen[bytes]:
@@ -241,7 +236,7 @@ def main() -> None:
 
     for name, value in CREDS.items():
         os.environ[name] = value
-    port = free_port()
+    port = pick_free_port()
     endpoint = f"http://127.0.0.1:{port}"
     moto = start_moto(port)
     scratch = Path(tempfile.mkdtemp(prefix="kvfleet-bench-", dir=args.tmp))

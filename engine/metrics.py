@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kvfleet import contracts
+
 # vLLM's bucket edges, so histogram_quantile() gives comparable answers across engines.
 TTFT_BUCKETS_S = (
     0.001,
@@ -79,7 +81,7 @@ E2E_BUCKETS_S = (
 class EngineMetrics:
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r, labels = self.registry, ["model_name"]
+        r, labels = self.registry, [contracts.VLLM_MODEL_LABEL]
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, labels, registry=r)
@@ -87,25 +89,28 @@ class EngineMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, labels, registry=r)
 
-        self.num_requests_running = gauge("vllm:num_requests_running", "Requests in model execution batches.")
-        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be processed.")
-        self.kv_cache_usage_perc = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
-        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.num_requests_running = gauge(contracts.VLLM_NUM_REQUESTS_RUNNING, "Requests in model execution batches.")
+        self.num_requests_waiting = gauge(contracts.VLLM_NUM_REQUESTS_WAITING, "Requests waiting to be processed.")
+        self.kv_cache_usage_perc = gauge(contracts.VLLM_KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_cache_queries = counter(contracts.VLLM_PREFIX_CACHE_QUERIES, "Prefix cache queries, in tokens.")
+        self.prefix_cache_hits = counter(contracts.VLLM_PREFIX_CACHE_HITS, "Prefix cache hits, in tokens.")
+        self.prompt_tokens = counter(contracts.VLLM_PROMPT_TOKENS, "Number of prefill tokens processed.")
+        self.generation_tokens = counter(contracts.VLLM_GENERATION_TOKENS, "Number of generation tokens processed.")
+        self.num_preemptions = counter(contracts.VLLM_NUM_PREEMPTIONS, "Cumulative number of preemptions.")
         self.request_success = Counter(
-            "vllm:request_success", "Count of finished requests.", ["model_name", "finished_reason"], registry=r
+            contracts.VLLM_REQUEST_SUCCESS,
+            "Count of finished requests.",
+            [contracts.VLLM_MODEL_LABEL, "finished_reason"],
+            registry=r,
         )
         self.time_to_first_token = Histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token.", labels, buckets=TTFT_BUCKETS_S, registry=r
+            contracts.VLLM_TTFT_SECONDS, "Time to first token.", labels, buckets=TTFT_BUCKETS_S, registry=r
         )
         self.inter_token_latency = Histogram(
-            "vllm:inter_token_latency_seconds", "Time between output tokens.", labels, buckets=ITL_BUCKETS_S, registry=r
+            contracts.VLLM_ITL_SECONDS, "Time between output tokens.", labels, buckets=ITL_BUCKETS_S, registry=r
         )
         self.e2e_request_latency = Histogram(
-            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels, buckets=E2E_BUCKETS_S, registry=r
+            contracts.VLLM_E2E_LATENCY_SECONDS, "End-to-end request latency.", labels, buckets=E2E_BUCKETS_S, registry=r
         )
         # kvfleet's own: prompt tokens actually run through the model (prefix hits excluded).
         self.prefill_computed_tokens = counter(

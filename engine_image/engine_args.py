@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvfleet import contracts
 from kvfleet.spec import EngineSpec, InferenceDeploymentSpec
 
 # Subdirectories of the artifacts directory, one per cache the engines write. The whole directory
@@ -85,7 +86,7 @@ class RenderInputs:
     drain_timeout_s: float | None = None
     # Where the engine publishes its KV-cache events when the spec asks for them (the pod's
     # kv-events port, docs/contracts.md).
-    kv_events_port: int = 5557
+    kv_events_port: int = contracts.KV_EVENTS_PORT
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import click
 
+from kvfleet import contracts
+
 
 @click.command("launch")
 @click.option(
     "--spec",
     "spec_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    default="/etc/kvfleet/spec.json",
+    default=f"{contracts.SPEC_MOUNT_DIR}/{contracts.SPEC_FILE}",
     show_default=True,
     help="spec.json written by the operator (docs/contracts.md).",
 )
@@ -25,10 +27,10 @@ import click
     "--node-cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Node cache volume [default: $KVFLEET_NODE_CACHE or /var/cache/kvfleet].",
+    help=f"Node cache volume [default: $KVFLEET_NODE_CACHE or {contracts.NODE_CACHE_MOUNT}].",
 )
-@click.option("--engine-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
-@click.option("--metrics-port", type=click.IntRange(1, 65535), default=9400, show_default=True)
+@click.option("--engine-port", type=click.IntRange(1, 65535), default=contracts.ENGINE_HTTP_PORT, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=contracts.LAUNCHER_PORT, show_default=True)
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address of the launcher's endpoint.")
 @click.option(
     "--ready-timeout-s",

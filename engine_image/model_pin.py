@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kvfleet import contracts
+
 from .errors import LaunchError
 
-DEFAULT_PIN_PATH = Path("/etc/kvfleet-pin/modelDigest")
+DEFAULT_PIN_PATH = Path(contracts.PIN_MOUNT_DIR) / contracts.PIN_KEY
 MAX_PIN_BYTES = 1024  # a digest is 64 characters; anything much longer is not one
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvfleet import contracts
 from kvfleet.weight_cache.settings import ProgressSettings
 
 from .artifact_decision import DecisionSettings
@@ -20,13 +21,13 @@ from .model_pin import DEFAULT_PIN_PATH
 from .readiness import ReadinessSettings
 from .supervisor import StopSettings
 
-DEFAULT_SPEC_PATH = Path("/etc/kvfleet/spec.json")
-DEFAULT_NODE_CACHE = Path("/var/cache/kvfleet")
+DEFAULT_SPEC_PATH = Path(contracts.SPEC_MOUNT_DIR) / contracts.SPEC_FILE
+DEFAULT_NODE_CACHE = Path(contracts.NODE_CACHE_MOUNT)
 # Where the operator mounts a pvc:// model's claim: <root>/<claim>/<path inside the claim>.
 PVC_MOUNT_ROOT = Path("/mnt/kvfleet/pvc")
 # The public keys whose artifact signatures this pod accepts: the operator writes the platform's
 # keys into the deployment's ConfigMap beside spec.json. No file: no artifact is ever loaded.
-DEFAULT_ARTIFACT_KEYS = Path("/etc/kvfleet/artifact-keys.pem")
+DEFAULT_ARTIFACT_KEYS = Path(contracts.SPEC_MOUNT_DIR) / contracts.ARTIFACT_KEYS_FILE
 
 
 def _port(value: int, name: str) -> int:
@@ -46,11 +47,11 @@ class LauncherSettings:
     node_cache_dir: Path = DEFAULT_NODE_CACHE
     pvc_mount_root: Path = PVC_MOUNT_ROOT
     engine_host: str = "0.0.0.0"
-    engine_port: int = 8000
+    engine_port: int = contracts.ENGINE_HTTP_PORT
     metrics_host: str = "0.0.0.0"
-    metrics_port: int = 9400
+    metrics_port: int = contracts.LAUNCHER_PORT
     # The engine's KV-cache events (ZeroMQ PUB) when the spec publishes them: the pod's kv-events port.
-    kv_events_port: int = 5557
+    kv_events_port: int = contracts.KV_EVENTS_PORT
     # Pushing artifacts after a miss runs in the background; it gets this long before it is dropped.
     artifact_push_timeout_s: float = 600.0
     artifact_keys_path: Path = DEFAULT_ARTIFACT_KEYS

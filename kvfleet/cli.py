@@ -88,7 +88,7 @@ def plan(files: tuple[Path, ...], output: str) -> None:
     import yaml
 
     from kvfleet.manifests import load_deployments
-    from kvfleet.planning import plan_children
+    from kvfleet.operator.planning import plan_children
 
     objects: list[dict[str, Any]] = []
     failed = False

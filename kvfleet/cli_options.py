@@ -54,3 +54,24 @@ def format_data(data: object, output: str) -> str:
 
         return str(yaml.safe_dump(data, sort_keys=False))
     raise ValueError(f"unknown output format {output!r}")
+
+
+def checkout_file(relative: str, package_dir: Path | None = None) -> Path:
+    """``<checkout>/<relative>``: a generated file kept in the source checkout this kvfleet runs from
+    (the CRD, the operator's install manifest). ``package_dir`` is the ``kvfleet`` package's folder
+    (default: the imported one; an editable install's is inside the checkout).
+
+    Raises ``click.UsageError`` asking for ``--file`` when there is no checkout around the package (an
+    installed wheel), rather than writing beside site-packages."""
+    if package_dir is None:
+        import kvfleet
+
+        package_dir = Path(kvfleet.__file__).parent
+    root = package_dir.resolve().parent
+    folder = (root / relative).parent
+    if not (root / "pyproject.toml").is_file() or not folder.is_dir():
+        raise click.UsageError(
+            f"{root} is not a kvfleet source checkout (no pyproject.toml and {folder.relative_to(root)}/ beside the "
+            "kvfleet package): pass --file PATH"
+        )
+    return root / relative

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from kvfleet.contracts import MODEL_URI_PATTERN
 from kvfleet.spec import (
     GROUP,
     KIND,
@@ -33,7 +34,8 @@ from kvfleet.spec import (
 )
 from kvfleet.status import InferenceDeploymentStatus
 
-CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / f"{PLURAL}.{GROUP}.yaml"
+# The file name under crds/ (and charts/kvfleet/crds/); where that folder is, the caller says.
+CRD_FILE_NAME = f"{PLURAL}.{GROUP}.yaml"
 
 # The only nodes that keep unknown fields, and why. A test fails on any other.
 PRESERVE_UNKNOWN_FIELDS = {
@@ -174,7 +176,6 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
 
 # String fields whose value is joined under a bucket or directory: no '..' (mirrors _check_prefix).
 NO_DOTDOT_PATHS = ("spec.cache.prefix", "spec.cache.artifacts.prefix")
-MODEL_URI_CRD_PATTERN = r"^(s3|hf|pvc|file)://.+$"
 
 PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.uri", "priority": 0},
@@ -250,7 +251,7 @@ def _convert(node: Any, defs: dict[str, Any], path: str) -> Any:
     if path in NO_DOTDOT_PATHS:
         out["x-kubernetes-validations"] = [{"rule": "!self.contains('..')", "message": f"{path} must not contain '..'"}]
     if path == "spec.model.uri":
-        out["pattern"] = MODEL_URI_CRD_PATTERN
+        out["pattern"] = MODEL_URI_PATTERN
     return out
 
 
@@ -338,11 +339,11 @@ def render_crd() -> str:
     return HEADER.format(preserve=preserve) + body
 
 
-def check_crd(path: Path = CRD_PATH) -> bool:
+def check_crd(path: Path) -> bool:
     """True when the file on disk is exactly what the models generate."""
     return path.exists() and path.read_text(encoding="utf-8") == render_crd()
 
 
-def write_crd(path: Path = CRD_PATH) -> None:
+def write_crd(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_crd(), encoding="utf-8")

@@ -1,4 +1,9 @@
-"""``kvfleet crd``: write or check the generated CRD."""
+"""``kvfleet crd``: write or check the generated CRD.
+
+The CRD is generated into a source checkout's ``crds/`` folder (the chart copies it from there). An
+installed kvfleet has no such folder, so without ``--file`` the command looks for the checkout it
+runs from and says so when there is none, instead of writing beside the installed package.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from kvfleet.crd import CRD_PATH, check_crd, write_crd
+from kvfleet.cli_options import checkout_file
+from kvfleet.crd import CRD_FILE_NAME, check_crd, write_crd
 
 
 @click.group()
@@ -21,12 +27,13 @@ def crd() -> None:
     "--file",
     "output",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=CRD_PATH,
-    show_default=True,
-    help="The CRD file to write or check.",
+    default=None,
+    help=f"The CRD file to write or check [default: crds/{CRD_FILE_NAME} of the source checkout].",
 )
-def generate(check: bool, output: Path) -> None:
+def generate(check: bool, output: Path | None) -> None:
     """Write crds/inferencedeployments.kvfleet.io.yaml from the API types."""
+    if output is None:
+        output = checkout_file(f"crds/{CRD_FILE_NAME}")
     if check:
         if not check_crd(output):
             click.echo(f"{output} is stale: run `kvfleet crd generate`", err=True)

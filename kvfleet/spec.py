@@ -26,7 +26,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-GROUP = "kvfleet.io"
+from kvfleet.contracts import API_GROUP, MODEL_URI_PATTERN, MODEL_URI_SCHEMES
+
+GROUP = API_GROUP
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "InferenceDeployment"
@@ -39,8 +41,6 @@ SHORT_NAMES = ["infd"]
 MAX_NAME_CHARS = 52
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
-MODEL_URI_SCHEMES = ("s3", "hf", "pvc", "file")
-MODEL_URI_PATTERN = r"^(s3|hf|pvc|file)://.+$"
 # S3 bucket naming rules (the subset every S3-compatible server accepts): 3-63 characters,
 # lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit.
 BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"

@@ -37,10 +37,6 @@ class NotFound(KubeError):
     pass
 
 
-class Conflict(KubeError):
-    pass
-
-
 class Rejected(KubeError):
     """400/403/422: the server refused what we sent; sending it again will not help."""
 
@@ -53,7 +49,9 @@ def _error_for(status: int, reason: str, message: str) -> KubeError:
     if status == 404:
         return NotFound(status, reason, message)
     if status == 409:
-        return Conflict(status, reason, message)
+        # A conflict (a field another manager owns, a stale resourceVersion): no handler needs to
+        # tell it apart; the reconcile is retried with fresh state like any other failed call.
+        return KubeError(status, reason, message)
     if status in (400, 403, 405, 415, 422):
         return Rejected(status, reason, message)
     return Unavailable(status, reason, message)
@@ -192,10 +190,6 @@ class KubeClient:
         except NotFound:
             return False
         return True
-
-    async def create(self, ref: Ref, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("POST", ref.collection(namespace), body=obj)
-        return result
 
     async def serves(self, api_version: str, plural: str) -> bool:
         """Discovery: does the server serve this resource? (Needs no RBAC: discovery is public.)"""

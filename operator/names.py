@@ -1,61 +1,70 @@
-"""Names and labels of child objects (docs/contracts.md pins them; the router and Prometheus select on them)."""
+"""The operator's names for child objects and pod paths.
+
+What another component reads (labels the router selects on, child names, the files the launcher
+reads) is defined in ``kvfleet.contracts`` and named here so the operator's modules have one place
+to look; what only the operator uses is defined here.
+"""
 
 from __future__ import annotations
 
-from kvfleet.spec import GROUP
+from kvfleet.contracts import (
+    APP_NAME_LABEL,
+    ARTIFACT_KEYS_FILE,
+    DEPLOYMENT_LABEL,
+    ENGINE_APP,
+    NODE_CACHE_MOUNT,
+    PIN_KEY,
+    PIN_MOUNT_DIR,
+    SPEC_FILE,
+    SPEC_HASH_ANNOTATION,
+    SPEC_MOUNT_DIR,
+    engine_name,
+    pdb_name,
+    pin_configmap_name,
+    spec_configmap_name,
+)
+from kvfleet.contracts import ENGINE_HTTP_PORT_NAME as HTTP_PORT
+from kvfleet.contracts import KV_EVENTS_PORT_NAME as KV_EVENTS_PORT
+from kvfleet.contracts import LAUNCHER_PORT_NAME as LAUNCHER_PORT
+from kvfleet.contracts import engine_labels as labels
 
-DEPLOYMENT_LABEL = f"{GROUP}/deployment"
-SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
-MANAGED_BY = "kvfleet-operator"
-ENGINE_APP = "kvfleet-engine"
-# The engine pod's KV-cache events port name; the routers look it up in the EndpointSlices.
-KV_EVENTS_PORT = "kv-events"
+# The contracts' names the operator's modules use as ``names.X``.
+__all__ = [
+    "ARTIFACTS_WORK_MOUNT",
+    "ARTIFACT_KEYS_FILE",
+    "DEPLOYMENT_LABEL",
+    "HTTP_PORT",
+    "KV_EVENTS_PORT",
+    "LAUNCHER_PORT",
+    "NODE_CACHE_MOUNT",
+    "PIN_KEY",
+    "PIN_MODEL_KEY",
+    "PIN_MOUNT_DIR",
+    "SHM_MOUNT",
+    "SPEC_FILE",
+    "SPEC_HASH_ANNOTATION",
+    "SPEC_MOUNT_DIR",
+    "engine_name",
+    "labels",
+    "pdb_name",
+    "pin_configmap_name",
+    "selector",
+    "selector_string",
+    "spec_configmap_name",
+]
 
-SPEC_MOUNT_DIR = "/etc/kvfleet"
-SPEC_FILE = "spec.json"
-# Beside spec.json: the public keys whose artifact signatures the launcher accepts (its default path).
-ARTIFACT_KEYS_FILE = "artifact-keys.pem"
-# The pod's own emptyDir where the launcher unpacks checked artifacts (no other pod can write it).
+# The pod's own emptyDir where the launcher unpacks checked artifacts (no other pod can write it);
+# the launcher learns it from $KVFLEET_ARTIFACTS_WORK.
 ARTIFACTS_WORK_MOUNT = "/var/lib/kvfleet/artifacts-work"
-NODE_CACHE_MOUNT = "/var/cache/kvfleet"
-# The pinned model digest: one file, PIN_KEY, in its own ConfigMap volume (the launcher's default).
-# Beside the spec's mount, not inside it: a mount point inside a ConfigMap volume is not portable.
-PIN_MOUNT_DIR = "/etc/kvfleet-pin"
-PIN_KEY = "modelDigest"
+# The source the pin belongs to, kept beside the digest so a changed model drops the pin; only the
+# operator reads it back.
 PIN_MODEL_KEY = "model"
 SHM_MOUNT = "/dev/shm"  # noqa: S108  (a mount point in the pod, not a temp file here)
 
 
-def engine_name(name: str) -> str:
-    """Deployment and Service."""
-    return f"{name}-engine"
-
-
-def spec_configmap_name(name: str) -> str:
-    return f"{name}-engine-spec"
-
-
-def pin_configmap_name(name: str) -> str:
-    return f"{name}-engine-pin"
-
-
-def pdb_name(name: str) -> str:
-    return f"{name}-engine-pdb"
-
-
-def labels(name: str) -> dict[str, str]:
-    """Labels of the engine pods and of every child."""
-    return {
-        "app.kubernetes.io/name": ENGINE_APP,
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        DEPLOYMENT_LABEL: name,
-    }
-
-
 def selector(name: str) -> dict[str, str]:
     """The Deployment's selector: immutable, so only labels that never change for a name."""
-    return {"app.kubernetes.io/name": ENGINE_APP, DEPLOYMENT_LABEL: name}
+    return {APP_NAME_LABEL: ENGINE_APP, DEPLOYMENT_LABEL: name}
 
 
 def selector_string(name: str) -> str:

@@ -183,7 +183,7 @@ def _volumes(
 
 def _probe(settings: OperatorSettings, period_s: int, failures: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": "/health", "port": "http"},
+        "httpGet": {"path": "/health", "port": names.HTTP_PORT},
         "periodSeconds": period_s,
         "timeoutSeconds": 5,
         "failureThreshold": failures,
@@ -221,7 +221,7 @@ def _scheduling(name: str, spec: InferenceDeploymentSpec) -> dict[str, Any]:
 def engine_ports(spec: InferenceDeploymentSpec, settings: OperatorSettings, key: str) -> list[dict[str, Any]]:
     """The engine pod's named ports (``key``: containerPort, or port for the Service); kv-events only
     when the engine publishes them, so a router finds the events port exactly where there are events."""
-    ports = [("http", settings.engine_port), ("launcher", settings.launcher_port)]
+    ports = [(names.HTTP_PORT, settings.engine_port), (names.LAUNCHER_PORT, settings.launcher_port)]
     if spec.publishes_kv_events:
         ports.append((names.KV_EVENTS_PORT, settings.kv_events_port))
     if key == "containerPort":

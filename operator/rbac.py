@@ -9,7 +9,6 @@ pods reference them by name and the kubelet resolves them, so the operator never
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvfleet.spec import GROUP, PLURAL
@@ -17,7 +16,8 @@ from kvfleet.spec import GROUP, PLURAL
 NAME = "kvfleet-operator"
 DEFAULT_NAMESPACE = "kvfleet-system"
 PEERING_NAME = "kvfleet"
-INSTALL_PATH = Path(__file__).resolve().parent.parent / "deploy" / "operator.yaml"
+# The install manifest, relative to the source checkout (the chart is built from it).
+INSTALL_FILE = "deploy/operator.yaml"
 
 
 @dataclass(frozen=True)

@@ -160,8 +160,8 @@ def render_service_monitor(owner: Owner) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": names.selector(owner.name)},
             "endpoints": [
-                {"port": "http", "path": "/metrics", "interval": "15s"},
-                {"port": "launcher", "path": "/metrics", "interval": "30s"},
+                {"port": names.HTTP_PORT, "path": "/metrics", "interval": "15s"},
+                {"port": names.LAUNCHER_PORT, "path": "/metrics", "interval": "30s"},
             ],
         },
     }

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from kvfleet import contracts
 from kvfleet.spec import EngineKind
 from kvfleet.weight_cache.errors import ArtifactError
 from kvfleet.weight_cache.signing import MAX_KEY_FILE_BYTES, ArtifactTrust
@@ -14,10 +15,10 @@ from .policy import UNRESTRICTED, SpecPolicy
 
 FIELD_MANAGER = "kvfleet-operator"
 # Prefix of kopf's own bookkeeping (finalizer, progress and diff-base annotations).
-KOPF_PREFIX = "kvfleet.io"
+KOPF_PREFIX = contracts.API_GROUP
 FINALIZER = f"{KOPF_PREFIX}/operator"
 
-# Images built from engine_image/ (issue 8): the launcher is their entrypoint. A spec's
+# Images built from engine_image/, whose entrypoint is the launcher. A spec's
 # engine.image overrides them and must be such an image too (it runs `kvfleet engine launch`).
 DEFAULT_IMAGES: dict[EngineKind, str] = {
     "vllm": "ghcr.io/kvfleet/engine-vllm:0.1.0",
@@ -50,10 +51,13 @@ class OperatorSettings(BaseModel):
     )
     image_pull_policy: str = Field(default="IfNotPresent", pattern=r"^(Always|IfNotPresent|Never)$")
     # --- ports (docs/contracts.md)
-    engine_port: int = Field(default=8000, ge=1, le=65535)
-    launcher_port: int = Field(default=9400, ge=1, le=65535)
+    engine_port: int = Field(default=contracts.ENGINE_HTTP_PORT, ge=1, le=65535)
+    launcher_port: int = Field(default=contracts.LAUNCHER_PORT, ge=1, le=65535)
     kv_events_port: int = Field(
-        default=5557, ge=1, le=65535, description="The engine's KV-cache events (ZeroMQ PUB), port kv-events."
+        default=contracts.KV_EVENTS_PORT,
+        ge=1,
+        le=65535,
+        description="The engine's KV-cache events (ZeroMQ PUB), port kv-events.",
     )
     # --- pod lifecycle
     run_as_user: int = Field(default=1000, ge=1, le=2**31 - 1, description="Non-root UID of the engine images.")

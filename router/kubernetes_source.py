@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from kvfleet.contracts import DEPLOYMENT_LABEL, ENGINE_HTTP_PORT_NAME, KV_EVENTS_PORT_NAME
 from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.client import KubeClient
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchCollector, WatchSettings
@@ -29,11 +30,9 @@ from kvfleet.spec import GROUP, PLURAL, VERSION, InferenceDeploymentSpec, Routin
 
 log = logging.getLogger(__name__)
 
-DEPLOYMENT_LABEL = "kvfleet.io/deployment"
-PORT_NAME = "http"
-# The operator's name for the engine's KV-cache events port (operator/names.py KV_EVENTS_PORT): a
-# slice has it only where the engines publish events.
-KV_EVENTS_PORT_NAME = "kv-events"
+# The operator labels each engine Service with DEPLOYMENT_LABEL (EndpointSlices inherit it) and names
+# its ports ENGINE_HTTP_PORT_NAME and, only where the engines publish events, KV_EVENTS_PORT_NAME.
+PORT_NAME = ENGINE_HTTP_PORT_NAME
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

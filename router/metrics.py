@@ -23,6 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from kvfleet.contracts import ROUTER_INFLIGHT, ROUTER_QUEUE_DEPTH, ROUTER_REQUESTS
+
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 
@@ -91,12 +93,12 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.requests = CounterSeries(
-            "kvfleet_router_requests",
+            ROUTER_REQUESTS,
             "Requests answered, by served model and HTTP status code.",
             ["namespace", "model", "code"],
         )
         self.queue_depth = Gauge(
-            "kvfleet_router_queue_depth",
+            ROUTER_QUEUE_DEPTH,
             "Requests held while the model has no ready replica.",
             ["namespace", "model"],
             registry=self.registry,
@@ -226,7 +228,7 @@ class _InflightCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
-            "kvfleet_router_inflight", "Requests in flight to a replica.", labels=["namespace", "model", "replica"]
+            ROUTER_INFLIGHT, "Requests in flight to a replica.", labels=["namespace", "model", "replica"]
         )
         waiting = GaugeMetricFamily(
             "kvfleet_router_awaiting_first_byte",

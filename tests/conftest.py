@@ -1,22 +1,17 @@
 """Shared fixtures. Component fixtures that start real local servers (Prometheus, moto's S3
-server, KMock, engine processes) live in the component's own conftest or in tests/support/."""
+server, KMock, engine processes) live in the component's own conftest, in tests/support/ (helpers
+only tests use) or in kvfleet_testkit (testkit/: helpers the benchmarks share)."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kvfleet.free_port import pick_free_port
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def pick_free_port() -> int:
-    """A free TCP port on loopback (the OS picks it; a race with another binder is possible)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -22,7 +22,10 @@ LEASE_SUFFIX = ".lease"
 
 
 @dataclass
-class Lease:
+class ModelLease:
+    """This process's hold on one cached model (``digest``): eviction spares a model with a live one.
+    Not a Kubernetes Lease (the autoscaler's leader election) nor a router's hold on a replica."""
+
     path: Path
     digest: str
     fd: int = -1  # the locked descriptor; closing it (or the process ending) ends the lease
@@ -34,7 +37,7 @@ class Lease:
             self.fd = -1
 
 
-def create_lease(directory: Path, digest: str, *, inheritable: bool = True) -> Lease:
+def create_lease(directory: Path, digest: str, *, inheritable: bool = True) -> ModelLease:
     """A new lease, locked by this process (and by whatever it execs, when ``inheritable``)."""
     directory.mkdir(parents=True, exist_ok=True)
     name = uuid.uuid4().hex
@@ -52,7 +55,7 @@ def create_lease(directory: Path, digest: str, *, inheritable: bool = True) -> L
         os.close(fd)
         staging.unlink(missing_ok=True)
         raise
-    return Lease(path=path, digest=digest, fd=fd)
+    return ModelLease(path=path, digest=digest, fd=fd)
 
 
 def is_held(path: Path) -> bool:

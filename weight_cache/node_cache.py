@@ -32,7 +32,7 @@ from typing import Literal
 
 from kvfleet.weight_cache.errors import LockTimeoutError, NodeCacheError, NodeCacheFullError
 from kvfleet.weight_cache.eviction import CacheEntry, plan_eviction
-from kvfleet.weight_cache.leases import Lease, create_lease, live_leases
+from kvfleet.weight_cache.leases import ModelLease, create_lease, live_leases
 from kvfleet.weight_cache.manifest import Manifest, ManifestFile, sha256_file
 from kvfleet.weight_cache.settings import NodeCacheSettings
 
@@ -256,7 +256,7 @@ class NodeCache:
             refused_count=len(reasons),
         )
 
-    def acquire_lease(self, digest: str) -> Lease:
+    def acquire_lease(self, digest: str) -> ModelLease:
         """Call with the model lock held, so no eviction can run between the check and the lease."""
         return create_lease(self._leases_dir(digest), digest)
 

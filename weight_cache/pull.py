@@ -13,7 +13,7 @@ from types import TracebackType
 
 from kvfleet.weight_cache.download import FetchedManifest, PullResult, fetch_manifest, pull_to_dir
 from kvfleet.weight_cache.errors import DigestMismatchError, ManifestError, SourceUnavailableError
-from kvfleet.weight_cache.leases import Lease
+from kvfleet.weight_cache.leases import ModelLease
 from kvfleet.weight_cache.manifest import Manifest, digest_of
 from kvfleet.weight_cache.node_cache import HitCheck, NodeCache
 from kvfleet.weight_cache.progress import TransferProgress
@@ -31,7 +31,7 @@ class PulledModel:
     digest: str
     manifest: Manifest
     hit: bool
-    lease: Lease
+    lease: ModelLease
     result: PullResult | None  # the download's figures; None on a hit
     # What the node cache's content check found: files hashed, time taken, files refused and why.
     check: HitCheck

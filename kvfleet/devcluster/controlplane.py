@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kvfleet.free_port import pick_free_port
 
 from .nodes import NODE_SELECTOR_ANNOTATION, gpu_nodes
 from .pki import Pki, make_pki
@@ -87,12 +88,6 @@ class ClusterState:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2))
         tmp.replace(path)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def first_service_ip(cidr: str) -> str:
@@ -324,11 +319,11 @@ class ControlPlane:
         pki = make_pki(s.root / "pki", service_ip=first_service_ip(s.service_cidr))
         (s.root / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
         ports = {
-            name: free_port()
+            name: pick_free_port()
             for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
         }
-        ports["kwok"] = free_port()
-        ports["kwok-node"] = free_port()
+        ports["kwok"] = pick_free_port()
+        ports["kwok-node"] = pick_free_port()
         server = f"https://127.0.0.1:{ports['kube-apiserver']}"
         self.kubeconfig.write_text(
             kubeconfig_document(

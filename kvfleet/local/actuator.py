@@ -21,7 +21,8 @@ from typing import Protocol
 
 import aiohttp
 
-from kvfleet.local.processes import ChildProcess, ProcessStartError, pick_free_port, spawn, wait_healthy
+from kvfleet.free_port import pick_free_port
+from kvfleet.local.processes import ChildProcess, ProcessStartError, spawn, wait_healthy
 from kvfleet.local.replicas import ReplicaState, ReplicaView, plan_scale, restart_backoff_s
 from kvfleet.local.settings import ProcessSettings
 

@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvfleet import contracts
 from kvfleet.autoscaler.scrape_source import histogram_quantile
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-TTFT = "vllm:time_to_first_token_seconds"
-PREFIX_QUERIES = "vllm:prefix_cache_queries"
-PREFIX_HITS = "vllm:prefix_cache_hits"
-REQUESTS_DONE = "vllm:request_success"
-KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = contracts.VLLM_NUM_REQUESTS_RUNNING
+WAITING = contracts.VLLM_NUM_REQUESTS_WAITING
+TTFT = contracts.VLLM_TTFT_SECONDS
+PREFIX_QUERIES = contracts.VLLM_PREFIX_CACHE_QUERIES
+PREFIX_HITS = contracts.VLLM_PREFIX_CACHE_HITS
+REQUESTS_DONE = contracts.VLLM_REQUEST_SUCCESS
+KV_USAGE = contracts.VLLM_KV_CACHE_USAGE
 
 
 @dataclass(frozen=True)

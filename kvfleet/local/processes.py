@@ -14,7 +14,6 @@ import ctypes
 import ctypes.util
 import os
 import signal
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,13 +36,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     # The parent may already be gone (race between fork and prctl): then exit at once.
     if os.getppid() == 1:
         os._exit(1)
-
-
-def pick_free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS reports free now; the caller retries if someone binds it first."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -19,7 +19,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from kvfleet.local.processes import ChildProcess, ProcessStartError, pick_free_port, spawn, wait_healthy
+from kvfleet.free_port import pick_free_port
+from kvfleet.local.processes import ChildProcess, ProcessStartError, spawn, wait_healthy
 
 ENGINE_JOB = "kvfleet-engines"
 ROUTER_JOB = "kvfleet-router"

@@ -25,10 +25,11 @@ from kvfleet.autoscaler.policy import Decision, PolicyState, decide, initial_sta
 from kvfleet.autoscaler.prometheus_source import PrometheusSource, PrometheusSourceSettings
 from kvfleet.autoscaler.scrape_source import ScrapeSource, ScrapeSourceSettings
 from kvfleet.autoscaler.sources import MetricSource, Target
+from kvfleet.free_port import pick_free_port
 from kvfleet.local.actuator import DeploymentProcesses
 from kvfleet.local.metrics import EngineSample, MetricWindow, scrape_engine, total_inflight
 from kvfleet.local.models import EngineLaunch, LocalModelError, ResolvedModel, engine_launch, resolve_model
-from kvfleet.local.processes import ProcessStartError, pick_free_port
+from kvfleet.local.processes import ProcessStartError
 from kvfleet.local.prometheus import LocalPrometheus, ScrapeTarget, start_prometheus
 from kvfleet.local.settings import LocalSettings, for_longest_request
 from kvfleet.local.status import (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +70,42 @@ def test_crd_generate_check_fails_when_stale(tmp_path: Path) -> None:
     assert "stale" in result.stderr
     assert kvfleet("crd", "generate", "--file", str(stale)).returncode == 0
     assert kvfleet("crd", "generate", "--check", "--file", str(stale)).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("command", "folder", "generated"),
+    [
+        (("crd", "generate"), "crds", "crds/inferencedeployments.kvfleet.io.yaml"),
+        (("operator", "manifests"), "deploy", "deploy/operator.yaml"),
+    ],
+)
+def test_generators_outside_a_checkout_ask_for_the_file(
+    repo_root: Path, tmp_path: Path, command: tuple[str, ...], folder: str, generated: str
+) -> None:
+    """An installed kvfleet (the package alone, as in site-packages) has no checkout to write into:
+    without --file the command says so and writes nothing; with --file it writes there."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(repo_root / "kvfleet", site / "kvfleet", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "kvfleet.cli", *command, *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=120,
+        )
+
+    result = run("--check")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{site.resolve()} is not a kvfleet source checkout (no pyproject.toml and {folder}/" in result.stderr
+    assert "pass --file PATH" in result.stderr
+    assert sorted(p.name for p in site.iterdir()) == ["kvfleet"]
+    written = tmp_path / "out" / "generated.yaml"
+    assert run("--file", str(written)).returncode == 0
+    assert written.read_text() == (repo_root / generated).read_text()
 
 
 def _every_command() -> list[tuple[str, click.Command]]:

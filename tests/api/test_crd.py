@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from kvfleet.crd import CRD_PATH, PRESERVE_UNKNOWN_FIELDS, build_crd, openapi_schema
+from kvfleet.crd import CRD_FILE_NAME, PRESERVE_UNKNOWN_FIELDS, build_crd, openapi_schema
 
 
 def walk(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -101,6 +102,6 @@ def test_crd_shape() -> None:
     assert condition["type"]["enum"] == ["Ready", "Progressing", "Degraded", "ScaledToZero"]
 
 
-def test_file_on_disk_is_the_generated_one() -> None:
-    on_disk = yaml.safe_load(CRD_PATH.read_text())
+def test_file_on_disk_is_the_generated_one(repo_root: Path) -> None:
+    on_disk = yaml.safe_load((repo_root / "crds" / CRD_FILE_NAME).read_text())
     assert on_disk == build_crd()

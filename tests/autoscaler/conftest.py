@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kvfleet.kube.client import KubeClient
+from kvfleet_testkit.kmock_resources import register_inference_deployments
 from tests.conftest import pick_free_port
 
 MODEL = "tiny-chat"
@@ -208,14 +209,7 @@ class Kube:
 @pytest.fixture
 async def kube() -> AsyncIterator[Kube]:
     emulator = kmock.KubernetesEmulator()
-    emulator.resources.load_bundled()
-    emulator.resources[INFD] = kmock.ResourceInfo(
-        kind="InferenceDeployment",
-        singular="inferencedeployment",
-        namespaced=True,
-        verbs=VERBS,
-        subresources={"status"},
-    )
+    register_inference_deployments(emulator)
     # Not in KMock's bundled list (built-ins v1 and apiregistration only): register it.
     emulator.resources[LEASES] = kmock.ResourceInfo(kind="Lease", singular="lease", namespaced=True, verbs=VERBS)
     async with emulator, kmock.Server(emulator) as server:

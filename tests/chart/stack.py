@@ -17,7 +17,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.processes import stop_process
+from kvfleet.free_port import pick_free_port
+from kvfleet_testkit.kmock_resources import register_inference_deployments
+from kvfleet_testkit.processes import stop_process
 
 KVFLEET = [sys.executable, "-c", "from kvfleet.cli import main; main()"]
 
@@ -87,9 +89,7 @@ def hung_listener() -> Iterator[int]:
 
 def dead_port() -> int:
     """A loopback port nothing listens on (connections are refused): a crashed replica."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return pick_free_port()
 
 
 def hold_request(router_url: str, model: str) -> socket.socket:
@@ -123,14 +123,7 @@ def kubernetes_api(port: int, objects: Sequence[tuple[str, dict[str, object]]]) 
 
     async def serve() -> None:
         k8s = kmock.KubernetesEmulator()
-        k8s.resources.load_bundled()
-        k8s.resources["kvfleet.io/v1alpha1/inferencedeployments"] = kmock.ResourceInfo(
-            kind="InferenceDeployment",
-            singular="inferencedeployment",
-            namespaced=True,
-            verbs={"list", "watch", "get", "create", "patch", "delete"},
-            subresources={"status"},
-        )
+        register_inference_deployments(k8s)
         stop = asyncio.Event()
         loop_box.append(asyncio.get_running_loop())
         stop_box.append(stop)

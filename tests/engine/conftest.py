@@ -15,23 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.processes import stop_process
 
 from kvfleet.engine.engine_core import EngineCore, EngineRequest, RequestOutput, load_engine_core
 from kvfleet.engine.sampling import SamplingParams
 from kvfleet.engine.settings import EngineSettings
 from kvfleet.engine.tiny_model import make_tiny_model
+from kvfleet.free_port import pick_free_port
 from kvfleet.local.models import EngineLaunch
-
-
-def pick_free_port() -> int:
-    """Same as tests/conftest.py's helper (conftest modules are not importable under importlib mode)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
+from kvfleet_testkit.processes import stop_process
 
 SERVED = "tiny"
 

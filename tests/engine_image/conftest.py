@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.processes import console_script
-from support.s3_server import moto_s3_server
 
 from kvfleet.weight_cache import S3Settings, make_client, populate
 from kvfleet.weight_cache.s3 import S3Client
+from kvfleet_testkit.processes import console_script
+from kvfleet_testkit.s3_server import moto_s3_server
 from tests.conftest import pick_free_port
 
 ACCESS_KEY, SECRET_KEY = "AKIDLAUNCHER", "launcher-secret-never-logged"

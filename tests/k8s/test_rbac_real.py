@@ -21,7 +21,8 @@ import pytest
 import yaml
 from support.real_cluster import BIN, ComponentProcess, Kubectl, audit_entries, condition, wait_for
 
-from kvfleet.devcluster.controlplane import ControlPlane, free_port, kubeconfig_document
+from kvfleet.devcluster.controlplane import ControlPlane, kubeconfig_document
+from kvfleet.free_port import pick_free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kvfleet"
@@ -156,7 +157,7 @@ def lifecycle(
     kc = {sa: token_kubeconfig(kubectl, control_plane, sa, folder) for sa in COMPONENTS}
     # A Lease left by an earlier run would spare the autoscaler its create.
     kubectl("delete", "lease", "kvfleet-autoscaler", "-n", RELEASE_NS, "--ignore-not-found")
-    autoscaler_port, router_port = free_port(), free_port()
+    autoscaler_port, router_port = pick_free_port(), pick_free_port()
     # The wake token the chart generated, as its Secret volume would give it to both pods.
     secret = kubectl.json("get", "secret", "kvfleet-wake-token", "-n", RELEASE_NS)
     wake_token = folder / "wake-token"

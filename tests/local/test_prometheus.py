@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 from support.local_support import REPLICA_SERVER
 
-from kvfleet.local.processes import pick_free_port, spawn
+from kvfleet.free_port import pick_free_port
+from kvfleet.local.processes import spawn
 from kvfleet.local.prometheus import ENGINE_JOB, ScrapeTarget, render_config, start_prometheus
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus binary")

@@ -1,12 +1,13 @@
 """Fixtures: the real kopf operator, in-process, against KMock's Kubernetes API emulator
-(extended in tests/support/kube_emulator.py, whose docstring lists each extension)."""
+(extended in testkit/kvfleet_testkit/kube_emulator.py, whose docstring lists each extension)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import pytest
-from support.kube_emulator import (
+
+from kvfleet_testkit.kube_emulator import (
     Cluster,
     RunningOperator,
     operator_settings,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from kvfleet.operator.rbac import INSTALL_PATH, RULES, render_install
+from kvfleet.operator.rbac import INSTALL_FILE, RULES, render_install
 
 
 def kvfleet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -31,9 +31,9 @@ def test_rbac_has_no_wildcards_and_no_secrets() -> None:
     assert granted[("", "pods")] == {"list"}
 
 
-def test_install_file_is_in_sync() -> None:
+def test_install_file_is_in_sync(repo_root: Path) -> None:
     assert kvfleet("operator", "manifests", "--check").returncode == 0
-    docs = list(yaml.safe_load_all(INSTALL_PATH.read_text()))
+    docs = list(yaml.safe_load_all((repo_root / INSTALL_FILE).read_text()))
     assert docs == render_install()
     assert [d["kind"] for d in docs] == [
         "ServiceAccount",

@@ -15,7 +15,12 @@ import pytest
 import yaml
 from aiohttp import web
 from conftest import pick_free_port
-from support.kube_emulator import (
+
+from kvfleet.engine_image.errors import LaunchError
+from kvfleet.engine_image.launch_spec import parse_launch_spec
+from kvfleet.engine_image.launcher import LaunchDeps, Launcher
+from kvfleet.engine_image.settings import LauncherSettings
+from kvfleet_testkit.kube_emulator import (
     CONFIGMAPS,
     DEPLOYMENTS,
     EVENTS,
@@ -31,11 +36,6 @@ from support.kube_emulator import (
     start_operator,
     stop_operator,
 )
-
-from kvfleet.engine_image.errors import LaunchError
-from kvfleet.engine_image.launch_spec import parse_launch_spec
-from kvfleet.engine_image.launcher import LaunchDeps, Launcher
-from kvfleet.engine_image.settings import LauncherSettings
 
 NS = "default"
 # kmock 0.8 loads its bundled resources with a deprecated importlib call.

@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from support.kube_emulator import (
+from support.real_cluster import condition
+
+from kvfleet.operator.policy import UNRESTRICTED, SpecPolicy, load_policy, violations
+from kvfleet.spec import InferenceDeploymentSpec
+from kvfleet_testkit.kube_emulator import (
     DEPLOYMENTS,
     EVENTS,
     INFD,
@@ -20,10 +24,6 @@ from support.kube_emulator import (
     start_operator,
     stop_operator,
 )
-from support.real_cluster import condition
-
-from kvfleet.operator.policy import UNRESTRICTED, SpecPolicy, load_policy, violations
-from kvfleet.spec import InferenceDeploymentSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 NS = "default"

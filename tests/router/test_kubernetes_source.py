@@ -15,6 +15,7 @@ from support.watch_api import WatchApi
 from kvfleet.kube.client import KubeClient
 from kvfleet.router.kubernetes_source import KubernetesReplicaSource, build_snapshot, slice_endpoints
 from kvfleet.router.replicas import DeploymentView, Snapshot
+from kvfleet_testkit.kmock_resources import register_inference_deployments
 
 from .conftest import Backend, running_router, until
 
@@ -228,14 +229,7 @@ def test_snapshot_rules_by_hand() -> None:
 
 def emulator() -> kmock.KubernetesEmulator:
     k8s = kmock.KubernetesEmulator()
-    k8s.resources.load_bundled()
-    k8s.resources["kvfleet.io/v1alpha1/inferencedeployments"] = kmock.ResourceInfo(
-        kind="InferenceDeployment",
-        singular="inferencedeployment",
-        namespaced=True,
-        verbs={"list", "watch", "get", "create", "patch", "delete"},
-        subresources={"status"},
-    )
+    register_inference_deployments(k8s)
     return k8s
 
 

@@ -16,8 +16,9 @@ from kvfleet.engine.tokenizer import ModelTokenizer
 from kvfleet.router.cli import parse_replicas
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.spec import RoutingSpec
+from kvfleet_testkit.engines import Engine, start_engine
 
-from .conftest import Engine, pick_free_port, running_router, start_engine, until
+from .conftest import pick_free_port, running_router, until
 
 
 @pytest.fixture(scope="module")

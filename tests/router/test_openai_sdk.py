@@ -15,8 +15,9 @@ from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.spec import RoutingSpec
+from kvfleet_testkit.engines import Engine, start_engine
 
-from .conftest import Engine, running_router, start_engine
+from .conftest import running_router
 
 # Served names often hold a slash (Hugging Face ids); the SDK puts it into the path unescaped.
 SERVED = "acme/tiny-chat"

@@ -15,8 +15,9 @@ import pytest
 from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.spec import RoutingSpec
+from kvfleet_testkit.engines import Engine, start_engine
 
-from .conftest import Engine, running_router, start_engine
+from .conftest import running_router
 
 SERVED = "tiny-chat"
 MAX_TOKENS = 400

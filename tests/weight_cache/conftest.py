@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.s3_server import moto_s3_server
 
 from kvfleet.weight_cache import S3Settings, make_client
 from kvfleet.weight_cache.s3 import S3Client
+from kvfleet_testkit.s3_server import moto_s3_server
 
 MiB = 1 << 20
 

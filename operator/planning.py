@@ -1,4 +1,4 @@
-"""``kvfleet plan``: what the operator would create for a deployment, from the operator's own renderers.
+"""What the operator would create for a deployment (``kvfleet plan`` prints it), from its own renderers.
 
 The plan uses the operator's default settings and the replica count the operator would choose
 before any autoscaler decision. It shows the ServiceMonitor too; the operator creates that only

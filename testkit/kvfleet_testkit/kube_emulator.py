@@ -1,4 +1,5 @@
-"""KMock's Kubernetes API emulator, extended for the kopf operator's tests (tests/operator).
+"""KMock's Kubernetes API emulator, extended for the kopf operator's tests (tests/operator) and its
+resync benchmark (bench/operator_resync.py).
 
 KMock's emulator is deliberately simple (dict merges). ``ApiEmulator`` adds, in a few lines each,
 only the API semantics the operator relies on; the real semantics are left to tests/e2e:
@@ -30,6 +31,8 @@ import kopf
 
 from kvfleet.operator.runner import run_operator
 from kvfleet.operator.settings import OperatorSettings
+
+from .kmock_resources import register_inference_deployments
 
 INFD = kmock.resource("kvfleet.io", "v1alpha1", "inferencedeployments")
 DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
@@ -229,13 +232,6 @@ async def stop_operator(running: RunningOperator) -> None:
 async def serve_cluster() -> AsyncIterator[Cluster]:
     """An emulator with the InferenceDeployment resource registered, on a free loopback port."""
     api = ApiEmulator()
-    api.resources.load_bundled()
-    api.resources["kvfleet.io/v1alpha1/inferencedeployments"] = kmock.ResourceInfo(
-        kind="InferenceDeployment",
-        singular="inferencedeployment",
-        namespaced=True,
-        verbs={"get", "list", "watch", "create", "patch", "delete"},
-        subresources={"status", "scale"},
-    )
+    register_inference_deployments(api, subresources=("status", "scale"))
     async with api, kmock.Server(api) as server, aiohttp.ClientSession() as http:
         yield Cluster(api, str(server.url).rstrip("/"), http)
