@@ -1,10 +1,15 @@
 """The scaling policy: ``decide(observation, state, spec, now) -> Decision``. Pure: no I/O, no clock.
 
-Shaped as Ray autoscaler v2's ``schedule()``: the request (observation, state, spec) in, the reply
-(count, reason, next state) out, in named steps: ``steps.hold_on_stale`` (rule 1), then
-``context.read_context`` (the numbers of rule 2), one function per signal in ``signals.py`` (rules
-2-3) of which ``strongest`` keeps the largest, then one function per rule in ``steps.py`` (rules 4-6)
-of which the first verdict applies.
+Shaped as Ray autoscaler v2's ``schedule()``: a request (observation, state, spec) in, a reply
+(count, reason, next state) out, in named steps over one context:
+
+- ``steps.hold_on_stale``: rule 1, before anything is learnt from the observation;
+- ``context.read_context``: the numbers of rules 2-3 (load, service time, windows, panic), read once;
+- ``signals.SIGNALS``: one function per signal, each a ``Proposal`` (signal, replicas, reason);
+  ``signals.strongest`` keeps the largest, clamped to the bounds;
+- ``steps.STEPS``: rules 4-6 as ``scale_to_zero``, ``at_zero``, ``above_max``, ``scale_up``,
+  ``steady``, ``scale_down``, in that order; the first ``Verdict`` applies, and ``steps.settle``
+  folds it into the next state.
 
 Rules, in the order they apply (every decision names the rule in ``reason`` and the numbers in
 ``detail``):
