@@ -21,7 +21,7 @@ ServiceSample = tuple[float, float, int, float]
 """(time, in-service load, ready replicas, router queue)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Context:
     """What every rule reads on a fresh tick."""
 
@@ -50,33 +50,17 @@ class Context:
     panicking: bool
     traffic: bool
     """Any load, arrivals or a wake signal on this tick."""
-
-    @property
-    def current(self) -> int:
-        return self.prior.desired_replicas
-
-    @property
-    def ready(self) -> int:
-        return self.obs.ready_replicas
-
-    @property
-    def target(self) -> float:
-        return self.spec.target_concurrency_per_replica
-
-    @property
-    def floor(self) -> int:
-        """The least count while not scaled to zero."""
-        return max(self.spec.min_replicas, 1)
-
-    @property
-    def forecast(self) -> HoltState:
-        assert self.learnt.forecast is not None  # read_context always updates it
-        return self.learnt.forecast
-
-    @property
-    def seasonal(self) -> SeasonalState:
-        assert self.learnt.seasonal is not None  # read_context always updates it
-        return self.learnt.seasonal
+    forecast: HoltState
+    """The arrival-rate trend with this tick folded in (also in ``learnt``)."""
+    seasonal: SeasonalState
+    """The demand's history with this tick folded in (also in ``learnt``)."""
+    current: int
+    """The count in force before this tick."""
+    ready: int
+    target: float
+    """The spec's per-replica target concurrency."""
+    floor: int
+    """The least count while not scaled to zero: max(minReplicas, 1)."""
 
 
 def _learn_service_time(
@@ -231,4 +215,10 @@ def read_context(
         panic_load=panic_load,
         panicking=panicking,
         traffic=traffic,
+        forecast=forecast,
+        seasonal=seasonal,
+        current=current,
+        ready=obs.ready_replicas,
+        target=target,
+        floor=max(spec.min_replicas, 1),
     )

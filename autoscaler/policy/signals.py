@@ -22,7 +22,7 @@ PER_TARGET: frozenset[Signal] = frozenset({"concurrency", "panic", "forecast", "
 """Signals sized in units of the per-replica target concurrency (their reason says so)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Proposal:
     """The replicas one signal asks for, and its numbers."""
 
@@ -130,7 +130,7 @@ SIGNALS: tuple[Callable[[Context], Proposal | None], ...] = (
 """Every signal, in the order ties are broken (the first largest wins)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ask:
     """The winning proposal, clamped to the bounds, with the reason as status shows it."""
 

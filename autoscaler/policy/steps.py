@@ -19,7 +19,7 @@ from kvfleet.autoscaler.policy.state import Decision, PolicyState, Reason, appen
 from kvfleet.spec import AutoscalingSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     """The count one rule sets, its reason code and numbers, and the proposal the scale-down window
     keeps for this tick."""
