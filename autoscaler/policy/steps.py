@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.policy.context import Context
 from kvfleet.autoscaler.policy.settings import PolicySettings
-from kvfleet.autoscaler.policy.signals import Ask
+from kvfleet.autoscaler.policy.signals import Ask, Signal
 from kvfleet.autoscaler.policy.state import Decision, PolicyState, Reason, append_bounded, clamp
 from kvfleet.spec import AutoscalingSpec
 
@@ -126,26 +126,28 @@ def above_max(ctx: Context, ask: Ask) -> Verdict | None:
     return Verdict(top, "clamped", f"{ctx.current} is above maxReplicas {top}", recorded=ask.clamped)
 
 
+SCALE_UP_REASONS: dict[Signal, Reason] = {
+    "panic": "panic_scale_up",
+    "forecast": "forecast_scale_up",
+    "seasonal": "forecast_scale_up",
+}
+"""The reason a scale-up gives by the signal that won (any other: ``scale_up``)."""
+
+
 def scale_up(ctx: Context, ask: Ask) -> Verdict | None:
     """A larger (clamped) proposal applies at once."""
     if ask.clamped <= ctx.current:
         return None
     if ask.replicas < ctx.floor:
         return Verdict(ask.clamped, "clamped", f"{ctx.current} is below the floor {ctx.floor}", recorded=ask.clamped)
-    signal = ask.proposal.signal
-    reason: Reason = (
-        "panic_scale_up"
-        if signal == "panic"
-        else "forecast_scale_up"
-        if signal in ("forecast", "seasonal")
-        else "scale_up"
-    )
+    reason = SCALE_UP_REASONS.get(ask.proposal.signal, "scale_up")
     top = ctx.spec.max_replicas
     capped = f" (capped at maxReplicas {top})" if ask.replicas > top else ""
     return Verdict(ask.clamped, reason, f"{ask.why} -> {ask.replicas}{capped}", recorded=ask.clamped)
 
 
 def steady(ctx: Context, ask: Ask) -> Verdict | None:
+    """The (clamped) proposal is the count in force."""
     if ask.clamped != ctx.current:
         return None
     return Verdict(ctx.current, "steady", f"{ask.why} -> {ask.replicas}", recorded=ask.clamped)
@@ -171,9 +173,8 @@ def scale_down(ctx: Context, ask: Ask) -> Verdict:
         return hold(f"{proposed}, but {highest} within the last {delay_s:g}s")
     last_down = ctx.prior.last_scale_down_at_s
     if last_down is not None and now - last_down < settings.scale_down_step_interval_s:
-        return hold(
-            f"{proposed}; next scale-down step in {settings.scale_down_step_interval_s - (now - last_down):.0f}s"
-        )
+        wait_s = settings.scale_down_step_interval_s - (now - last_down)
+        return hold(f"{proposed}; next scale-down step in {wait_s:.0f}s")
     step = max(1, math.floor(current * settings.scale_down_max_fraction))
     detail = f"{ask.why}; highest proposal over {delay_s:g}s is {highest}, step of at most {step}"
     return Verdict(max(highest, current - step), "scale_down", detail, recorded=ask.clamped, scaled_down=True)
