@@ -35,9 +35,6 @@ class Context:
     """The prior state with this tick folded in; the outcome (count, proposals) is not yet in it."""
     horizon_s: float
     """One cold start: the measured one when the operator reported it, else the spec's."""
-    rate_rps: float
-    queue: float
-    in_service: float
     backlog_episode: bool
     """The router held requests within the last stable window: the engines are (or were) saturated."""
     service_s: float | None
@@ -137,6 +134,19 @@ def _mean_since(samples: tuple[tuple[float, float], ...], since_s: float) -> flo
     return sum(values) / len(values) if values else 0.0
 
 
+def _panic_until(
+    state: PolicyState, spec: AutoscalingSpec, settings: PolicySettings, now: float, panic_load: float
+) -> float | None:
+    """When the panic ends: one stable window after the last tick whose panic-window proposal
+    reached ``panic_threshold_ratio`` x the current count."""
+    current = state.desired_replicas
+    if current > 0 and math.ceil(panic_load / spec.target_concurrency_per_replica) >= (
+        settings.panic_threshold_ratio * current
+    ):
+        return now + spec.window_seconds
+    return state.panic_until_s
+
+
 def read_context(
     obs: Observation, state: PolicyState, spec: AutoscalingSpec, now: float, settings: PolicySettings
 ) -> Context:
@@ -176,12 +186,7 @@ def read_context(
     # time. The backlog is left out: it says how late capacity came, not how much the repeat needs.
     forecast = holt_update(state.forecast, rate, now, settings.forecast)
     seasonal = seasonal_update(state.seasonal, demand, now, settings.seasonal)
-    # Panic when the panic-window proposal reaches the threshold x the current count; it lasts one
-    # stable window from the last tick that reached it.
-    panic_until = state.panic_until_s
-    current = state.desired_replicas
-    if current > 0 and math.ceil(panic_load / target) >= settings.panic_threshold_ratio * current:
-        panic_until = now + spec.window_seconds
+    panic_until = _panic_until(state, spec, settings, now, panic_load)
     panicking = panic_until is not None and now < panic_until
     learnt = replace(
         state,
@@ -204,9 +209,6 @@ def read_context(
         prior=state,
         learnt=learnt,
         horizon_s=horizon_s,
-        rate_rps=rate,
-        queue=queue,
-        in_service=in_service,
         backlog_episode=backlog_episode,
         service_s=service_s,
         load=load,
@@ -217,7 +219,7 @@ def read_context(
         traffic=traffic,
         forecast=forecast,
         seasonal=seasonal,
-        current=current,
+        current=state.desired_replicas,
         ready=obs.ready_replicas,
         target=target,
         floor=max(spec.min_replicas, 1),
