@@ -17,13 +17,12 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from kvfleet.autoscaler.actuators import Actuator, ActuatorError, ScaleCommand, TargetGone
-from kvfleet.autoscaler.deployments import DeploymentSource, Scaled
+from kvfleet.autoscaler.deployments import DeploymentSource, DeploymentsUnavailable, Scaled
 from kvfleet.autoscaler.metrics import AutoscalerMetrics
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.policy import DEFAULT_POLICY, Decision, PolicySettings, PolicyState, decide, initial_state
 from kvfleet.autoscaler.sources import MetricSource
 from kvfleet.autoscaler.wake import WakeInbox
-from kvfleet.kube.client import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ class Controller:
     async def _listing(self) -> list[Scaled] | None:
         try:
             items = (await self.deployments.list())[: self.settings.max_deployments]
-        except KubeError as e:
+        except DeploymentsUnavailable as e:
             log.warning("cannot list deployments (%s); skipping this tick", e)
             return None
         listed = {s.target.key: s for s in items}

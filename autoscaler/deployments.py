@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvfleet.autoscaler.sources import Target
-from kvfleet.kube.client import KubeClient, KubeUnavailable
+from kvfleet.kube.client import KubeClient
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchSettings
 from kvfleet.manifests import load_deployments
 from kvfleet.resource import InferenceDeployment
@@ -57,8 +57,14 @@ def scaled_from(deployment: InferenceDeployment, engine_urls: tuple[str, ...] = 
     return Scaled(target, spec, spec.min_replicas if current is None else current, status_desired)
 
 
+class DeploymentsUnavailable(Exception):
+    """The deployments cannot be listed now; the loop skips this tick and tries on the next."""
+
+
 class DeploymentSource(Protocol):
-    async def list(self) -> list[Scaled]: ...
+    async def list(self) -> list[Scaled]:
+        """The deployments to decide for; raises ``DeploymentsUnavailable`` when it cannot say."""
+        ...
 
 
 class KubernetesDeployments:
@@ -94,7 +100,7 @@ class KubernetesDeployments:
         # Before the first LIST there is nothing to decide on; afterwards the last state known is
         # used while a watch is re-established, as a client-go informer's cache is.
         if not self.watch.listed:
-            raise KubeUnavailable(f"{self.watch.path}: not listed yet")
+            raise DeploymentsUnavailable(f"{self.watch.path}: not listed yet")
         return [self._scaled[key] for key in sorted(self._scaled)]
 
 

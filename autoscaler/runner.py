@@ -82,7 +82,7 @@ async def run_autoscaler(
         actuator,
         inbox=inbox,
         metrics=metrics,
-        policy=settings.policy(),
+        policy=settings.policy,
         settings=ControllerSettings(
             tick_interval_s=settings.tick_interval_s,
             max_concurrent_observations=settings.max_concurrent_observations,

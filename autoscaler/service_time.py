@@ -2,11 +2,11 @@
 
 An engine's service time grows with its batch: every decode step reads the weights once (a fixed
 cost) and does a little more work per running sequence, so a request takes longer on a replica
-holding 150 requests than on one holding 10 (on the benchmark's H100 model: 1.7 s at 6 per
-replica, 5.8 s at 93). The time learnt between bursts is the idle one, and sizing a burst with it
-asks for a third of the replicas the burst needs. So the policy fits service time = a + b x
-(concurrency per replica) over every observation it learnt from (exponentially weighted, bounded
-state: five sums) and reads it at the target concurrency, where the replicas will run.
+holding 150 requests than on one holding 10 (docs/autoscaler.md has measured figures). The time
+learnt between bursts is the idle one, and sizing a burst with it asks for too few replicas. So
+the policy fits service time = a + b x (concurrency per replica) over every observation it learnt
+from (exponentially weighted, bounded state: five sums) and reads it at the target concurrency,
+where the replicas will run.
 
 Pure and immutable, like the forecasts.
 """

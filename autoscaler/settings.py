@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvfleet.autoscaler.policy import PolicySettings
+
+POLICY_FIELDS = frozenset(
+    {
+        "max_metrics_age_s",
+        "panic_threshold_ratio",
+        "scale_down_max_fraction",
+        "scale_down_step_interval_s",
+        "target_gpu_utilization",
+    }
+)
+"""Policy knobs ``AutoscalerSettings`` once held at its top level; still accepted there."""
 
 FIELD_MANAGER = "kvfleet-autoscaler"
 """The field manager of every write the autoscaler makes (its Lease, status.desiredReplicas)."""
@@ -60,13 +72,24 @@ class AutoscalerSettings(BaseModel):
     lease_duration_s: float = Field(default=15.0, gt=0, le=3600)
     renew_deadline_s: float = Field(default=10.0, gt=0, le=3600)
     retry_period_s: float = Field(default=2.0, gt=0, le=3600)
-    max_metrics_age_s: float = Field(default=30.0, gt=0, le=3600, description="Older samples are stale: hold.")
-    panic_threshold_ratio: float = Field(default=2.0, gt=1.0, le=100)
-    scale_down_max_fraction: float = Field(default=0.25, gt=0, le=1.0)
-    scale_down_step_interval_s: float = Field(default=30.0, ge=0, le=3600)
-    target_gpu_utilization: float | None = Field(
-        default=None, gt=0, le=1.0, description="GPU utilization target; off by default (DCGM's saturates)."
+    policy: PolicySettings = Field(
+        default_factory=PolicySettings,
+        description="The scaling policy's knobs shared by every deployment (bounds and defaults in PolicySettings).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_policy_fields(cls, data: Any) -> Any:
+        """Policy knobs given at the top level (their names before ``policy`` nested them) go into it."""
+        if not isinstance(data, dict) or not POLICY_FIELDS & data.keys():
+            return data
+        flat = {k: data[k] for k in POLICY_FIELDS & data.keys()}
+        nested = data.get("policy", {})
+        if isinstance(nested, PolicySettings):
+            nested = asdict(nested)
+        if not isinstance(nested, dict):
+            return data  # the field's own validation names the problem
+        return {**{k: v for k, v in data.items() if k not in flat}, "policy": {**nested, **flat}}
 
     @model_validator(mode="after")
     def _consistent(self) -> AutoscalerSettings:
@@ -77,12 +100,3 @@ class AutoscalerSettings(BaseModel):
         if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
             raise ValueError("need retry_period_s < renew_deadline_s < lease_duration_s")
         return self
-
-    def policy(self) -> PolicySettings:
-        return PolicySettings(
-            panic_threshold_ratio=self.panic_threshold_ratio,
-            max_metrics_age_s=self.max_metrics_age_s,
-            scale_down_max_fraction=self.scale_down_max_fraction,
-            scale_down_step_interval_s=self.scale_down_step_interval_s,
-            target_gpu_utilization=self.target_gpu_utilization,
-        )

@@ -205,3 +205,17 @@ async def test_deleted_deployment_is_forgotten() -> None:
 def test_controller_settings_bounds() -> None:
     with pytest.raises(ValueError, match="tick_interval_s"):
         ControllerSettings(tick_interval_s=0)
+
+
+def test_the_loop_knows_no_kubernetes_client() -> None:
+    # Kubernetes failures are mapped where the Kubernetes parts are (deployments.py, actuators.py)
+    # into the autoscaler's own errors; the generic loop imports nothing of kvfleet.kube.
+    import ast
+    import inspect
+
+    from kvfleet.autoscaler import controller
+
+    tree = ast.parse(inspect.getsource(controller))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m.startswith("kvfleet.kube")}, imported

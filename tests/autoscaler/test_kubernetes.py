@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -9,11 +10,14 @@ import pytest
 import yaml
 from support.watch_api import WatchApi
 
-from kvfleet.autoscaler.actuators import ActuatorError, KubernetesActuator, ScaleCommand, TargetGone
-from kvfleet.autoscaler.deployments import KubernetesDeployments
+from kvfleet.autoscaler.actuators import ActuatorError, InProcessActuator, KubernetesActuator, ScaleCommand, TargetGone
+from kvfleet.autoscaler.controller import Controller
+from kvfleet.autoscaler.deployments import KubernetesDeployments, Scaled, StaticDeployments
 from kvfleet.autoscaler.leader import LeaseElector, LeaseSettings, lease_verdict
+from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.sources import Target
 from kvfleet.kube.client import KubeClient
+from kvfleet.spec import AutoscalingSpec
 from tests.autoscaler.conftest import Kube
 from tests.conftest import pick_free_port
 
@@ -226,3 +230,46 @@ async def test_wakes_for_unknown_names_are_answered_from_the_watched_set() -> No
     finally:
         await client.close()
         await api.stop()
+
+
+class _Busy:
+    """Reports 40 requests in flight on one ready replica (ceil(40 / 16) = 3 replicas)."""
+
+    async def observe(self, target: Target, now_s: float) -> Observation:
+        return Observation(
+            sampled_at_s=now_s, ready_replicas=1, engine_concurrency=40.0, queue_depth=0.0, arrival_rate_rps=0.0
+        )
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_loop_skips_ticks_until_the_watch_has_listed(caplog: pytest.LogCaptureFixture) -> None:
+    # The watch has not listed yet (its API server is not there): the loop skips the tick with a
+    # warning instead of failing, and decides nothing.
+    dead = KubeClient.for_server(f"http://127.0.0.1:{pick_free_port()}", timeout_s=2)
+    async with dead:
+        controller = Controller(KubernetesDeployments(dead), _Busy(), InProcessActuator())
+        with caplog.at_level(logging.WARNING, logger="kvfleet.autoscaler.controller"):
+            assert await controller.tick() == []
+    assert "cannot list deployments" in caplog.text and "not listed yet" in caplog.text
+
+
+async def test_loop_keeps_deciding_when_patching_status_fails(kube: Kube, caplog: pytest.LogCaptureFixture) -> None:
+    # The Kubernetes actuator's failure reaches the loop as an ActuatorError: logged once, the
+    # decision kept, and applied on a later tick once the API server answers.
+    kube.add_deployment("chat", SPEC, status={"replicas": 1, "readyReplicas": 1, "desiredReplicas": 1})
+    scaled = Scaled(Target("default", "chat", "tiny-chat", ready_replicas=1), AutoscalingSpec(max_replicas=5), 1, 1)
+    dead = KubeClient.for_server(f"http://127.0.0.1:{pick_free_port()}", timeout_s=2)
+    async with dead, kube.api() as live:
+        controller = Controller(StaticDeployments([scaled]), _Busy(), KubernetesActuator(dead))
+        with caplog.at_level(logging.WARNING, logger="kvfleet.autoscaler.controller"):
+            [decision] = await controller.tick()
+            [_] = await controller.tick()
+        assert (decision.desired_replicas, decision.reason) == (3, "scale_up")
+        assert sum("cannot apply 3 replicas" in r.getMessage() for r in caplog.records) == 1
+        assert kube.deployment("chat")["status"]["desiredReplicas"] == 1  # not written yet
+        controller.actuator = KubernetesActuator(live)
+        await controller.tick()
+    assert kube.deployment("chat")["status"]["desiredReplicas"] == 3
+    assert "concurrency: load 40.0" in kube.deployment("chat")["status"]["scaleReason"]
