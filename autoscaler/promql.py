@@ -58,8 +58,13 @@ class MetricNames:
 
     engine_running_waiting_regex: str = "vllm:num_requests_(running|waiting)"
     engine_running: str = "vllm:num_requests_running"
+    engine_waiting: str = "vllm:num_requests_waiting"
     kv_cache_usage: str = "vllm:kv_cache_usage_perc"
     ttft_bucket: str = "vllm:time_to_first_token_seconds_bucket"
+    # Counters local mode's view reads (named without the exposition's ``_total`` suffix).
+    requests_done: str = "vllm:request_success"
+    prefix_cache_queries: str = "vllm:prefix_cache_queries"
+    prefix_cache_hits: str = "vllm:prefix_cache_hits"
     router_inflight: str = "kvfleet_router_inflight"
     router_queue_depth: str = "kvfleet_router_queue_depth"
     router_requests_total: str = "kvfleet_router_requests_total"
