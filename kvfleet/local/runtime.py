@@ -172,11 +172,12 @@ class LocalRuntime:
                     env=launch.process_env(),
                     kv_events=launch.kv_events,
                 )
-                # Like the operator, start at the floor: the policy scales from there (it leaves a
+                # Like the operator, start at the floor: the controller scales from there (it leaves a
                 # deployment at zero alone until traffic arrives, whatever minReplicas says).
+                run = self.runs[d.name] = DeploymentRun(d, processes)
                 start_at = self._min_replicas(d)
-                processes.set_desired(start_at, f"initial: {start_at} replica(s) (the minimum)")
-                self.runs[d.name] = DeploymentRun(d, processes)
+                why = "the minimum" if run.autoscaled else "autoscaling off: spec.replicas"
+                processes.set_desired(start_at, f"initial: {start_at} replica(s) ({why})")
                 self._tasks.append(asyncio.create_task(processes.run(), name=f"processes-{d.name}"))
             await self._start_status_server()
             self.controller = local_controller(
