@@ -1,5 +1,7 @@
 """Actuators: where a decision goes. Kubernetes (the InferenceDeployment's status) or in-process.
 
+Local mode's actuator, which starts and drains engine processes, is ``kvfleet.local.control``'s.
+
 The autoscaler never writes ``spec``: Argo CD and kubectl own it, and a controller writing it
 would show as drift. The operator reads ``status.desiredReplicas`` and scales the engines.
 """
@@ -73,7 +75,8 @@ class KubernetesActuator:
 
 
 class InProcessActuator:
-    """Local mode: keeps the latest command per deployment and calls back whoever runs the engines."""
+    """Keeps the latest command per deployment and calls back (the controller's tests; local mode's
+    actuator is ``kvfleet.local.control.ProcessActuator``)."""
 
     def __init__(self, on_scale: Callable[[Target, ScaleCommand], None] | None = None) -> None:
         self.on_scale = on_scale

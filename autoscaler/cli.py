@@ -1,4 +1,8 @@
-"""``kvfleet autoscaler``: run the autoscaler (in a cluster, or locally over manifest files)."""
+"""``kvfleet autoscaler``: run the autoscaler against a Kubernetes API.
+
+Local mode is ``kvfleet local up``: it runs this same control loop with a process actuator and the
+router. ``--mode local`` is refused with that pointer rather than run a loop that acts on nothing.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,12 @@ from pydantic import ValidationError
 
 from kvfleet.autoscaler.settings import AutoscalerSettings
 
+LOCAL_MODE_REFUSED = (
+    "kvfleet autoscaler run: --mode local (and -f, --router-url) is refused: it would decide for engines "
+    "that nothing starts. Local mode is `kvfleet local up -f FILE`, which runs this control loop with "
+    "engine processes and the router."
+)
+
 
 @click.group()
 def autoscaler() -> None:
@@ -21,9 +31,15 @@ def autoscaler() -> None:
 
 
 @autoscaler.command()
-@click.option("--mode", type=click.Choice(["kubernetes", "local"]), default="kubernetes", show_default=True)
-@click.option("--prometheus-url", envvar="KVFLEET_PROMETHEUS_URL", help="Prometheus HTTP API (kubernetes mode).")
-@click.option("--router-url", envvar="KVFLEET_ROUTER_URL", help="Router base URL to scrape (local mode).")
+@click.option(
+    "--mode",
+    type=click.Choice(["kubernetes", "local"]),
+    default="kubernetes",
+    show_default=True,
+    help="kubernetes; local is refused: local mode is `kvfleet local up`.",
+)
+@click.option("--prometheus-url", envvar="KVFLEET_PROMETHEUS_URL", help="Prometheus HTTP API.")
+@click.option("--router-url", hidden=True, help="Refused: local mode is `kvfleet local up`.")
 @click.option("--namespace", help="Only this namespace (default: all).")
 @click.option("--tick-interval-s", type=float, default=2.0, show_default=True)
 @click.option("--listen-host", default="0.0.0.0", show_default=True)
@@ -45,12 +61,16 @@ def autoscaler() -> None:
     "--filename",
     "files",
     multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Local mode: InferenceDeployment manifests to scale.",
+    type=click.Path(dir_okay=False, path_type=Path),
+    hidden=True,
+    help="Refused: local mode is `kvfleet local up -f FILE`.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log every decision's detail.")
-def run(files: tuple[Path, ...], verbose: bool, **options: Any) -> None:
+def run(files: tuple[Path, ...], router_url: str | None, verbose: bool, **options: Any) -> None:
     """Run the control loop until SIGTERM or SIGINT."""
+    if options["mode"] == "local" or files or router_url:
+        click.echo(LOCAL_MODE_REFUSED, err=True)
+        sys.exit(2)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -61,9 +81,6 @@ def run(files: tuple[Path, ...], verbose: bool, **options: Any) -> None:
             where = ".".join(str(p) for p in error["loc"]) or "settings"
             click.echo(f"invalid setting {where}: {error['msg'].removeprefix('Value error, ')}", err=True)
         sys.exit(2)
-    if settings.mode == "local" and not files:
-        click.echo("local mode needs -f/--filename with the InferenceDeployments to scale", err=True)
-        sys.exit(2)
 
     async def main() -> None:
         from kvfleet.autoscaler.runner import run_autoscaler
@@ -72,6 +89,6 @@ def run(files: tuple[Path, ...], verbose: bool, **options: Any) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_autoscaler(settings, stop, deployment_files=list(files))
+        await run_autoscaler(settings, stop)
 
     asyncio.run(main())

@@ -21,7 +21,7 @@ from kvfleet.autoscaler.deployments import DeploymentSource, DeploymentsUnavaila
 from kvfleet.autoscaler.metrics import AutoscalerMetrics
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.policy import DEFAULT_POLICY, Decision, PolicySettings, PolicyState, decide, initial_state
-from kvfleet.autoscaler.sources import MetricSource
+from kvfleet.autoscaler.sources import MetricSource, Target
 from kvfleet.autoscaler.wake import WakeInbox
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,9 @@ class Controller:
         settings: ControllerSettings | None = None,
         leadership: Leadership | None = None,
         clock: Callable[[], float] = time.time,
+        on_decision: Callable[[Target, Decision], None] | None = None,
     ) -> None:
+        """``on_decision`` sees every decision before it is applied (local mode's view shows them)."""
         self.deployments = deployments
         self.source = source
         self.actuator = actuator
@@ -77,6 +79,7 @@ class Controller:
         self.settings = settings or ControllerSettings()
         self.leadership = leadership
         self.clock = clock
+        self.on_decision = on_decision
         self._states: dict[str, PolicyState] = {}
         self._written: dict[str, _Written] = {}
         self._known: dict[str, Scaled] = {}
@@ -151,6 +154,8 @@ class Controller:
         decision = decide(observation, state, scaled.spec, now, self.policy)
         self._states[key] = decision.state
         self._log_staleness(key, state, decision)
+        if self.on_decision is not None:
+            self.on_decision(scaled.target, decision)
         labels = (scaled.target.namespace, model)
         self.metrics.desired_replicas.labels(*labels).set(decision.desired_replicas)
         self.metrics.max_replicas.labels(*labels).set(scaled.spec.max_replicas)

@@ -1,4 +1,4 @@
-"""Which deployments to scale: InferenceDeployments with autoscaling on, watched in the API or from files.
+"""Which deployments to scale: InferenceDeployments with autoscaling on, watched in the API.
 
 Each comes with its spec and what the autoscaler needs of its status (ready replicas, the last
 desired count, the measured cold start). An object that does not validate is skipped with a
@@ -10,13 +10,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 from kvfleet.autoscaler.sources import Target
 from kvfleet.kube.client import KubeClient
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchSettings
-from kvfleet.manifests import load_deployments
 from kvfleet.resource import InferenceDeployment
 from kvfleet.spec import API_VERSION, KIND, PLURAL, AutoscalingSpec
 from kvfleet.validation import validate_object
@@ -105,35 +103,13 @@ class KubernetesDeployments:
 
 
 class StaticDeployments:
-    """Local mode: deployments from manifest files, with engine URLs and status set by local mode."""
+    """A fixed list of deployments whose count an in-process actuator records (the controller's tests)."""
 
     def __init__(self, items: list[Scaled]) -> None:
         self.items = list(items)
 
-    @classmethod
-    def from_files(cls, paths: list[Path]) -> StaticDeployments:
-        items = []
-        for path in paths:
-            result = load_deployments(path)
-            for where, problems in result.problems:
-                raise ValueError(f"{path}{where}: {'; '.join(str(p) for p in problems)}")
-            for deployment in result.deployments:
-                scaled = scaled_from(deployment)
-                if scaled is not None:
-                    items.append(scaled)
-        return cls(items)
-
     async def list(self) -> list[Scaled]:
         return list(self.items)
-
-    def observe_replicas(self, key: str, ready_replicas: int, engine_urls: tuple[str, ...]) -> None:
-        """Local mode reports which engines are up (the operator's status does this in a cluster)."""
-        self.items = [
-            replace(s, target=replace(s.target, ready_replicas=ready_replicas, engine_urls=engine_urls))
-            if s.target.key == key
-            else s
-            for s in self.items
-        ]
 
     def record_desired(self, key: str, desired: int) -> None:
         """What an in-process actuator applied, as the operator's status would show it."""

@@ -41,6 +41,10 @@ from kvfleet.contracts import (
     ROUTER_REQUESTS,
     VLLM_KV_CACHE_USAGE,
     VLLM_NUM_REQUESTS_RUNNING,
+    VLLM_NUM_REQUESTS_WAITING,
+    VLLM_PREFIX_CACHE_HITS,
+    VLLM_PREFIX_CACHE_QUERIES,
+    VLLM_REQUEST_SUCCESS,
     VLLM_TTFT_SECONDS,
     engine_pod_regex,
 )
@@ -68,8 +72,13 @@ class MetricNames:
     # Matches VLLM_NUM_REQUESTS_RUNNING and VLLM_NUM_REQUESTS_WAITING (tests/api/test_contracts.py).
     engine_running_waiting_regex: str = "vllm:num_requests_(running|waiting)"
     engine_running: str = VLLM_NUM_REQUESTS_RUNNING
+    engine_waiting: str = VLLM_NUM_REQUESTS_WAITING
     kv_cache_usage: str = VLLM_KV_CACHE_USAGE
     ttft_bucket: str = f"{VLLM_TTFT_SECONDS}_bucket"
+    # Counters local mode's view reads (named without the exposition's ``_total`` suffix).
+    requests_done: str = VLLM_REQUEST_SUCCESS
+    prefix_cache_queries: str = VLLM_PREFIX_CACHE_QUERIES
+    prefix_cache_hits: str = VLLM_PREFIX_CACHE_HITS
     router_inflight: str = ROUTER_INFLIGHT
     router_queue_depth: str = ROUTER_QUEUE_DEPTH
     router_requests_total: str = f"{ROUTER_REQUESTS}_total"

@@ -7,19 +7,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any
 
-from kvfleet.autoscaler.actuators import Actuator, InProcessActuator, KubernetesActuator, ScaleCommand
+from kvfleet.autoscaler.actuators import KubernetesActuator
 from kvfleet.autoscaler.controller import Controller, ControllerSettings
-from kvfleet.autoscaler.deployments import DeploymentSource, KubernetesDeployments, StaticDeployments
+from kvfleet.autoscaler.deployments import KubernetesDeployments
 from kvfleet.autoscaler.leader import LeaseElector, LeaseSettings
 from kvfleet.autoscaler.metrics import AutoscalerMetrics
 from kvfleet.autoscaler.prometheus_source import PrometheusSource, PrometheusSourceSettings
-from kvfleet.autoscaler.scrape_source import ScrapeSource, ScrapeSourceSettings
 from kvfleet.autoscaler.server import build_app, start_server
 from kvfleet.autoscaler.settings import AutoscalerSettings
-from kvfleet.autoscaler.sources import MetricSource, Target
 from kvfleet.autoscaler.wake import WakeInbox, WakeToken
 from kvfleet.kube.client import KubeClient
 from kvfleet.kube.watch import WatchCollector
@@ -31,7 +28,6 @@ async def run_autoscaler(
     settings: AutoscalerSettings,
     stop: asyncio.Event,
     *,
-    deployment_files: list[Path] | None = None,
     api: KubeClient | None = None,
     ready: asyncio.Future[int] | None = None,
 ) -> None:
@@ -39,47 +35,31 @@ async def run_autoscaler(
     inbox = WakeInbox()
     metrics = AutoscalerMetrics()
     elector: LeaseElector | None = None
-    source: MetricSource
-    deployments: DeploymentSource
-    actuator: Actuator
     background: list[Coroutine[Any, Any, None]] = []  # run until stop, then cancelled
-    if settings.mode == "kubernetes":
-        api = api or KubeClient.from_kubeconfig(settings.kubeconfig, settings.context, user_agent="kvfleet-autoscaler")
-        assert settings.prometheus_url is not None  # the settings validator requires it
-        source = PrometheusSource(
-            PrometheusSourceSettings(
-                url=settings.prometheus_url, timeout_s=settings.prometheus_timeout_s, rate_window=settings.rate_window
-            )
+    api = api or KubeClient.from_kubeconfig(settings.kubeconfig, settings.context, user_agent="kvfleet-autoscaler")
+    assert settings.prometheus_url is not None  # the settings validator requires it
+    source = PrometheusSource(
+        PrometheusSourceSettings(
+            url=settings.prometheus_url, timeout_s=settings.prometheus_timeout_s, rate_window=settings.rate_window
         )
-        watched = KubernetesDeployments(api, settings.namespace)
-        metrics.registry.register(WatchCollector("kvfleet_autoscaler_kube_watch", [watched.watch]))
-        background.append(watched.run())
-        deployments = watched
-        actuator = KubernetesActuator(api)
-        if settings.leader_election:
-            lease = LeaseSettings(
-                namespace=settings.lease_namespace,
-                name=settings.lease_name,
-                identity=settings.identity,
-                lease_duration_s=settings.lease_duration_s,
-                renew_deadline_s=settings.renew_deadline_s,
-                retry_period_s=settings.retry_period_s,
-            )
-            elector = LeaseElector(api, lease, clock=time.time)
-    else:
-        static = StaticDeployments.from_files(deployment_files or [])
-
-        def record(target: Target, command: ScaleCommand) -> None:
-            static.record_desired(target.key, command.desired_replicas)
-
-        deployments = static
-        source = ScrapeSource(ScrapeSourceSettings(router_url=settings.router_url))
-        actuator = InProcessActuator(on_scale=record)
-
+    )
+    watched = KubernetesDeployments(api, settings.namespace)
+    metrics.registry.register(WatchCollector("kvfleet_autoscaler_kube_watch", [watched.watch]))
+    background.append(watched.run())
+    if settings.leader_election:
+        lease = LeaseSettings(
+            namespace=settings.lease_namespace,
+            name=settings.lease_name,
+            identity=settings.identity,
+            lease_duration_s=settings.lease_duration_s,
+            renew_deadline_s=settings.renew_deadline_s,
+            retry_period_s=settings.retry_period_s,
+        )
+        elector = LeaseElector(api, lease, clock=time.time)
     controller = Controller(
-        deployments,
+        watched,
         source,
-        actuator,
+        KubernetesActuator(api),
         inbox=inbox,
         metrics=metrics,
         policy=settings.policy,
@@ -92,13 +72,13 @@ async def run_autoscaler(
         leadership=elector,
     )
     token = WakeToken(settings.wake_token_file) if settings.wake_token_file else None
-    if token is None and settings.mode == "kubernetes":
+    if token is None:
         log.warning("POST /v1/wake takes no token (--wake-token-file unset): anyone who reaches it can wake GPUs")
     elif token is not None:
         token.read()  # fail at start, not at the first wake, when the Secret is missing or empty
     app = build_app(inbox, metrics, token)
     runner, port = await start_server(app, settings.listen_host, settings.listen_port)
-    log.info("autoscaler (%s mode) serving wake/metrics on %s:%d", settings.mode, settings.listen_host, port)
+    log.info("autoscaler serving wake/metrics on %s:%d", settings.listen_host, port)
     if ready is not None and not ready.done():
         ready.set_result(port)
     tasks = [asyncio.create_task(controller.run(stop), name="autoscaler-loop")]

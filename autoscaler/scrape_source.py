@@ -11,18 +11,17 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from kvfleet.autoscaler.engine_metrics import EngineSample, fetch_metrics, scrape_engine
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.promql import MetricNames
 from kvfleet.autoscaler.sources import SourceError, Target
-
-MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -83,55 +82,48 @@ class ScrapeSource:
         self._owns_session = session is None
         self._previous: OrderedDict[str, _Counters] = OrderedDict()
 
-    async def _fetch(self, base_url: str) -> str:
+    def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        url = base_url.rstrip("/") + "/metrics"
-        try:
-            timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
-            async with self._session.get(url, timeout=timeout) as response:
-                if response.status != 200:
-                    raise SourceError(f"{url} answered {response.status}")
-                body = await response.content.read(MAX_METRICS_BYTES + 1)
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise SourceError(f"{url} unreachable ({type(e).__name__})") from e
-        if len(body) > MAX_METRICS_BYTES:
-            raise SourceError(f"{url} returned more than {MAX_METRICS_BYTES} bytes")
-        return body.decode("utf-8", errors="replace")
+        return self._session
 
     async def observe(self, target: Target, now_s: float) -> Observation:
+        """Scrape the target's engines (once each) and the router, and sum them into an observation."""
+        scrapes = (
+            scrape_engine(
+                self._client(), u, target.served_name, timeout_s=self.settings.timeout_s, names=self.settings.names
+            )
+            for u in target.engine_urls
+        )
         try:
-            return await self._observe(target, now_s)
+            engines = await asyncio.gather(*scrapes)
+        except SourceError as e:
+            return Observation.failed(now_s, str(e), ready_replicas=target.ready_replicas)
+        return await self.observe_engines(target, now_s, engines)
+
+    async def observe_engines(self, target: Target, now_s: float, engines: Sequence[EngineSample]) -> Observation:
+        """The observation from samples of the target's ready engines that the caller scraped itself
+        (local mode, whose view reads the same samples), plus the router's /metrics."""
+        try:
+            return await self._observe(target, now_s, engines)
         except SourceError as e:
             return Observation.failed(now_s, str(e), ready_replicas=target.ready_replicas)
         except ValueError as e:  # the exposition parser's error for a malformed payload
             return Observation.failed(now_s, f"malformed metrics: {str(e)[:200]}", ready_replicas=target.ready_replicas)
 
-    async def _observe(self, target: Target, now_s: float) -> Observation:
+    async def _observe(self, target: Target, now_s: float, engines: Sequence[EngineSample]) -> Observation:
         names = self.settings.names
         model = target.served_name
-        urls = list(target.engine_urls)
         router = self.settings.router_url
-        texts = await asyncio.gather(*(self._fetch(u) for u in [*urls, *([router] if router else [])]))
-        engine_texts, router_text = texts[: len(urls)], (texts[len(urls)] if router else None)
+        router_text = await fetch_metrics(self._client(), router, self.settings.timeout_s) if router else None
 
-        concurrency: float | None = None
-        kv: list[float] = []
+        concurrencies = [c for c in (e.concurrency for e in engines) if c is not None]
+        concurrency = sum(concurrencies) if concurrencies else None
+        kv = [v for e in engines for v in e.kv_cache_usage]
         ttft_buckets: dict[float, float] = {}
-        running_waiting = {
-            names.engine_running_waiting_regex.replace("(running|waiting)", w) for w in ("running", "waiting")
-        }
-        for text in engine_texts:
-            for s in _samples(text):
-                if s.labels.get("model_name", model) != model:
-                    continue
-                if s.name in running_waiting:
-                    concurrency = (concurrency or 0.0) + s.value
-                elif s.name == names.kv_cache_usage:
-                    kv.append(s.value)
-                elif s.name == names.ttft_bucket:
-                    le = float(s.labels["le"])
-                    ttft_buckets[le] = ttft_buckets.get(le, 0.0) + s.value
+        for e in engines:
+            for le, count in e.ttft_buckets.items():
+                ttft_buckets[le] = ttft_buckets.get(le, 0.0) + count
 
         in_flight = queue = requests_total = None
         if router_text is not None:
@@ -167,7 +159,7 @@ class ScrapeSource:
         return Observation(
             sampled_at_s=now_s,
             ready_replicas=target.ready_replicas,
-            engine_concurrency=concurrency if urls else None,
+            engine_concurrency=concurrency if engines else None,
             router_in_flight=in_flight if in_flight is not None or router_text is None else 0.0,
             queue_depth=queue,
             arrival_rate_rps=rate,

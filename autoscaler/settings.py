@@ -30,10 +30,10 @@ class AutoscalerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Literal["kubernetes", "local"] = Field(
+    mode: Literal["kubernetes"] = Field(
         default="kubernetes",
-        description="kubernetes: watch InferenceDeployments, read Prometheus, patch status. "
-        "local: deployments from files, scrape /metrics directly, decide in process.",
+        description="kubernetes: watch InferenceDeployments, read Prometheus, patch status. Local mode is "
+        "`kvfleet local up` (this control loop with a process actuator), not a mode of this command.",
     )
     namespace: str | None = Field(default=None, max_length=63, description="Only this namespace; None: all.")
     prometheus_url: str | None = Field(
@@ -41,9 +41,6 @@ class AutoscalerSettings(BaseModel):
     )
     prometheus_timeout_s: float = Field(default=5.0, gt=0, le=60)
     rate_window: str = Field(default="1m", pattern=r"^[0-9]+(s|m)$", description="rate() window for PromQL.")
-    router_url: str | None = Field(
-        default=None, pattern=r"^https?://[^\s]+$", description="Router base URL whose /metrics local mode scrapes."
-    )
     tick_interval_s: float = Field(
         default=2.0, ge=0.1, le=60, description="Time between decisions (a wake-up decides at once)."
     )
@@ -93,9 +90,9 @@ class AutoscalerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> AutoscalerSettings:
-        if self.mode == "kubernetes" and self.prometheus_url is None:
+        if self.prometheus_url is None:
             raise ValueError("prometheus_url is required in kubernetes mode")
-        if self.leader_election and self.mode == "kubernetes" and not self.identity:
+        if self.leader_election and not self.identity:
             raise ValueError("identity is required with leader election (set POD_NAME or --identity)")
         if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
             raise ValueError("need retry_period_s < renew_deadline_s < lease_duration_s")

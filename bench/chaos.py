@@ -36,12 +36,12 @@ from typing import Any
 
 import aiohttp
 
+from kvfleet.autoscaler.engine_metrics import scrape_engine, total_inflight
 from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.free_port import pick_free_port
 from kvfleet.local.actuator import DeploymentProcesses
-from kvfleet.local.metrics import scrape_engine, total_inflight
 from kvfleet.local.models import EngineLaunch
-from kvfleet.local.runtime import RouterRegistry
+from kvfleet.local.routing import RouterRegistry
 from kvfleet.local.settings import ProcessSettings
 from kvfleet.router.migration import CHAT_PATH, continuation, progress
 from kvfleet.router.replicas import StaticReplicaSource

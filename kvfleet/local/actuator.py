@@ -21,6 +21,7 @@ from typing import Protocol
 
 import aiohttp
 
+from kvfleet.autoscaler.sources import SourceError
 from kvfleet.free_port import pick_free_port
 from kvfleet.local.processes import ChildProcess, ProcessStartError, spawn, wait_healthy
 from kvfleet.local.replicas import ReplicaState, ReplicaView, plan_scale, restart_backoff_s
@@ -311,7 +312,7 @@ class DeploymentProcesses:
                 return
             inflight = self.registry.inflight(self.name, replica.replica_id)
             if self.engine_inflight is not None:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, SourceError):
                     inflight += await self.engine_inflight(replica.url)
             if inflight == 0:
                 return

@@ -58,7 +58,8 @@ def up(
 
     # Local engines are reference-engine processes: say what to install before starting anything.
     require_engine_extra("kvfleet local up")
-    from kvfleet.local.runtime import LocalRunError, load_manifests, run_until_signalled
+    from kvfleet.local.foreground import run_until_signalled
+    from kvfleet.local.runtime import LocalRunError, load_manifests
 
     try:
         settings = LocalSettings(

@@ -1,73 +1,20 @@
-"""Read the engines' vLLM-named metrics for local mode's view and drains.
+"""What local mode's view shows from the engines' metrics: rates and quantiles over a window.
 
-The autoscaler decides from its own sources; this is only what the view shows (p50/p99 TTFT and
-the prefix hit rate over a window) and what a drain waits on. Parsing is prometheus_client's and
-the quantile is the autoscaler's ``histogram_quantile``; what is here is the arithmetic: counters
-per replica turned into deltas (a replica that restarts or is new starts from zero, as
-Prometheus' ``increase`` assumes), summed over a sliding window.
+The samples are the ones the autoscaler's control loop scraped for its decision (the parser is
+the autoscaler's ``parse_engine_metrics``, the quantile its ``histogram_quantile``), so the view
+costs no scrape of its own. What is here is the arithmetic: counters per replica turned into
+deltas (a replica that restarts or is new starts from zero, as Prometheus' ``increase``
+assumes), summed over a sliding window.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
-
-from kvfleet import contracts
+from kvfleet.autoscaler.engine_metrics import EngineSample
 from kvfleet.autoscaler.scrape_source import histogram_quantile
-
-RUNNING = contracts.VLLM_NUM_REQUESTS_RUNNING
-WAITING = contracts.VLLM_NUM_REQUESTS_WAITING
-TTFT = contracts.VLLM_TTFT_SECONDS
-PREFIX_QUERIES = contracts.VLLM_PREFIX_CACHE_QUERIES
-PREFIX_HITS = contracts.VLLM_PREFIX_CACHE_HITS
-REQUESTS_DONE = contracts.VLLM_REQUEST_SUCCESS
-KV_USAGE = contracts.VLLM_KV_CACHE_USAGE
-
-
-@dataclass(frozen=True)
-class EngineSample:
-    """One scrape of one engine: gauges, counters, and TTFT histogram buckets (cumulative)."""
-
-    running: float = 0.0
-    waiting: float = 0.0
-    requests_done: float = 0.0
-    prefix_queries: float = 0.0
-    prefix_hits: float = 0.0
-    kv_cache_usage: float = 0.0
-    ttft_buckets: Mapping[float, float] = field(default_factory=dict)
-
-
-def parse_engine_metrics(text: str) -> EngineSample:
-    """Sum the metrics local mode reads over all label sets; raises ValueError on bad exposition."""
-    sums: dict[str, float] = {}
-    buckets: dict[float, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            if name == f"{TTFT}_bucket":
-                bound = float(sample.labels["le"])
-                buckets[bound] = buckets.get(bound, 0.0) + sample.value
-            else:
-                sums[name] = sums.get(name, 0.0) + sample.value
-    return EngineSample(
-        running=sums.get(RUNNING, 0.0),
-        waiting=sums.get(WAITING, 0.0),
-        requests_done=sums.get(REQUESTS_DONE, 0.0),
-        prefix_queries=sums.get(PREFIX_QUERIES, 0.0),
-        prefix_hits=sums.get(PREFIX_HITS, 0.0),
-        kv_cache_usage=sums.get(KV_USAGE, 0.0),
-        ttft_buckets=buckets,
-    )
-
-
-async def scrape_engine(session: aiohttp.ClientSession, base_url: str, timeout_s: float = 2.0) -> EngineSample:
-    async with session.get(f"{base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-        response.raise_for_status()
-        return parse_engine_metrics(await response.text())
 
 
 @dataclass(frozen=True)
@@ -113,10 +60,18 @@ class MetricWindow:
                     before.ttft_buckets.get(bound, 0.0), count
                 )
         self._last = dict(samples)
-        self._gauges = (sum(s.waiting for s in samples.values()), sum(s.running for s in samples.values()))
+        self._gauges = (
+            sum(s.waiting or 0.0 for s in samples.values()),
+            sum(s.running or 0.0 for s in samples.values()),
+        )
         self._deltas.append(delta)
         while self._deltas and self._deltas[0].at_s < now_s - self.window_s:
             self._deltas.popleft()
+
+    @property
+    def replicas(self) -> set[str]:
+        """The replicas of the last observation (those that answered their scrape)."""
+        return set(self._last)
 
     def stats(self) -> WindowStats:
         deltas = list(self._deltas)
@@ -152,7 +107,3 @@ def _was_reset(before: EngineSample, after: EngineSample) -> bool:
 
 def _increase(before: float, after: float) -> float:
     return after - before if after >= before else after
-
-
-def total_inflight(samples: Iterable[EngineSample]) -> int:
-    return int(sum(s.running + s.waiting for s in samples))

@@ -14,11 +14,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvfleet import contracts
+from kvfleet.autoscaler.engine_metrics import parse_engine_metrics
 from kvfleet.autoscaler.promql import MetricNames, deployment_queries
 from kvfleet.crd import build_crd
 from kvfleet.engine.metrics import EngineMetrics
 from kvfleet.engine_image.settings import LauncherSettings
-from kvfleet.local.metrics import parse_engine_metrics
 from kvfleet.operator.render import Owner, render_children
 from kvfleet.operator.settings import OperatorSettings
 from kvfleet.router.kubernetes_source import slice_endpoints, slice_owner
@@ -143,9 +143,9 @@ def test_autoscaler_names_are_the_routers_series() -> None:
         assert samples[name]["model"] == "org/llama", name
 
 
-def test_local_mode_reads_the_engines_series() -> None:
+def test_the_autoscaler_reads_the_engines_series() -> None:
     sample = parse_engine_metrics(_engine_exposition())
-    assert (sample.running, sample.waiting, sample.kv_cache_usage) == (3, 2, 0.5)
+    assert (sample.running, sample.waiting, sample.kv_cache_usage) == (3, 2, (0.5,))
     assert (sample.prefix_queries, sample.prefix_hits) == (100, 40)
     assert sum(1 for v in sample.ttft_buckets.values() if v == 1) >= 1
 

@@ -1,14 +1,12 @@
-"""The whole autoscaler: in Kubernetes mode against KMock and a real Prometheus, and through the
-CLI in local mode (a child process scraping a real /metrics endpoint)."""
+"""The whole autoscaler: in Kubernetes mode against KMock and a real Prometheus, and the CLI's
+refusal of ``--mode local`` (local mode is ``kvfleet local up``)."""
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,59 +101,25 @@ async def test_kubernetes_mode_scales_wakes_and_leads(
     assert kube.lease()["spec"].get("holderIdentity") is None
 
 
-def test_cli_local_mode(tmp_path: Path, metrics_endpoint: MetricsEndpoint, repo_root: Path) -> None:
-    manifest = (repo_root / "examples" / "tiny.yaml").read_text().replace("servedName: tiny", f"servedName: {MODEL}")
-    (tmp_path / "tiny.yaml").write_text(manifest)
+def test_cli_refuses_local_mode_and_names_kvfleet_local_up(tmp_path: Path, repo_root: Path) -> None:
+    """``--mode local`` used to decide for deployments whose engines nothing started; it is refused
+    with the command that runs this loop locally, before anything listens."""
+    manifest = tmp_path / "tiny.yaml"
+    manifest.write_text((repo_root / "examples" / "tiny.yaml").read_text())
     port = pick_free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvfleet.cli",
-            "autoscaler",
-            "run",
-            "--mode=local",
-            f"--filename={tmp_path / 'tiny.yaml'}",
-            f"--router-url={metrics_endpoint.url}",
-            "--listen-host=127.0.0.1",
-            f"--listen-port={port}",
-            "--tick-interval-s=10",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=1):
-                    break
-            except OSError:
-                assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-                assert time.monotonic() < deadline, "autoscaler did not start"
-                time.sleep(0.1)
-        request = urllib.request.Request(
-            f"{base}/v1/wake", data=b'{"namespace": "default", "name": "tiny"}', method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 202
-        deadline = time.monotonic() + 5  # half the 10 s tick
-        while True:
-            with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
-                text = response.read().decode()
-            if f'kvfleet_autoscaler_desired_replicas{{model="{MODEL}",namespace="default"}} 1.0' in text:
-                break
-            assert time.monotonic() < deadline, text
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
-        if process.stdout is not None:
-            process.stdout.close()
+    base = [
+        sys.executable,
+        "-m",
+        "kvfleet.cli",
+        "autoscaler",
+        "run",
+        "--listen-host=127.0.0.1",
+        f"--listen-port={port}",
+    ]
+    for extra in (["--mode=local", f"--filename={manifest}"], ["--mode=local"], ["--router-url=http://127.0.0.1:1"]):
+        result = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, (extra, result.stdout, result.stderr)
+        assert "kvfleet local up -f FILE" in result.stderr and "refused" in result.stderr, result.stderr
 
 
 def test_cli_rejects_bad_settings() -> None:

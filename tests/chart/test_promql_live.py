@@ -1,20 +1,21 @@
 """The dashboard's and the alert rules' PromQL, evaluated by a real Prometheus on real kvfleet data.
 
-`test_harness_*` checks the machinery (the Debian Prometheus, range queries, the PNG renderer)
-on Prometheus's own metrics. `test_every_expression_returns_data` starts the real components as
+`test_harness_*` checks the machinery (the Debian Prometheus, range queries, the PNG renderer) on
+Prometheus's own metrics. `test_every_expression_returns_data` starts the real components as
 processes: two reference engines on a tiny random model, the router in front of them, a second
-router that discovers deployments from a Kubernetes API (KMock), and the autoscaler in local mode
-scraping the router. Prometheus scrapes them all every second with the chart's rules loaded; the
-test drives traffic and asserts that every dashboard query, recording rule and alert expression
-returns data. The few that cannot have data here are listed in NO_DATA with the reason; the test
-fails if one of them starts returning data (the list must stay true) or if any other returns none.
+router that discovers deployments from a Kubernetes API (KMock), and the autoscaler deciding from
+that Prometheus for the deployments it watches in the same API. Prometheus scrapes them all every
+second with the chart's rules loaded; the test drives traffic and asserts that every dashboard
+query, recording rule and alert expression returns data. The few that cannot have data here are
+listed in NO_DATA with the reason; the test fails if one of them starts returning data (the list
+must stay true) or if any other returns none.
 
 The fleet stages what each alert watches, with real processes: a deployment with no replica
-(requests held in the second router's queue while the deployment is at maxReplicas), a replica
-that accepts connections and never answers (a 504 after the router's read timeout), a second autoscaler whose metric
-source refuses connections (it holds its deployment: metrics stale), and a TTFT objective below
-what the tiny model achieves (the burn-rate alerts). Alerts are evaluated as expressions; their
-`for:` durations are Prometheus's business and are not waited out.
+(requests held in the second router's queue while the deployment is at maxReplicas), a replica that
+accepts connections and never answers (a 504 after the router's read timeout), a second autoscaler
+whose metric source (a Prometheus URL) refuses connections (it holds its deployment: metrics stale),
+and a TTFT objective below what the tiny model achieves (the burn-rate alerts). Alerts are evaluated
+as expressions; their `for:` durations are Prometheus's business and are not waited out.
 
 `KVFLEET_WRITE_PNGS=1` writes each panel's picture to docs/dashboard/ (otherwise to a temp dir).
 """
@@ -51,6 +52,7 @@ SERVED = "tiny-chat"  # two engines
 COLD = "tiny-cold"  # no replica (a second router discovers it in Kubernetes): requests are held, the queue grows
 HUNG = "tiny-hung"  # one replica that never answers: a 504 after the router's read timeout, no retry
 STALE = "tiny-stale"  # scaled by an autoscaler whose metric source refuses connections: a stale hold
+STALE_NAMESPACE = "team-stale"  # the stale autoscaler watches only this namespace, the other one only default
 RATE_INTERVAL = "15s"  # Grafana's $__rate_interval for a 1 s scrape and short steps: 4 x scrape, rounded up
 PANELS = [p for p in DASHBOARD["panels"] if p["type"] != "row"]
 SYSTEM = "You are the support assistant of a hardware shop. Answer in two short sentences. " * 4
@@ -143,18 +145,27 @@ AUTOSCALING = {
 }
 
 
-def manifests(path: Path, names: list[str]) -> Path:
-    """InferenceDeployments for the autoscaler to scale (local mode reads them from a file)."""
-    base = yaml.safe_load((REPO_ROOT / "examples" / "tiny.yaml").read_text())
-    docs = []
-    for name in names:
-        doc = json.loads(json.dumps(base))
-        doc["metadata"] = {"name": name, "namespace": "default"}
-        doc["spec"]["model"]["servedName"] = name
-        kept = {k: v for k, v in doc["spec"]["autoscaling"].items() if k != "scaleToZeroAfterSeconds"}
-        doc["spec"]["autoscaling"] = {**kept, **AUTOSCALING[name]}
-        docs.append(doc)
-    path.write_text(yaml.safe_dump_all(docs))
+def autoscaled(name: str, namespace: str = "default") -> tuple[str, dict[str, object]]:
+    """An InferenceDeployment for the autoscalers to scale, as (collection path, body) for KMock."""
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "tiny.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "1"}
+    doc["spec"]["model"]["servedName"] = name
+    kept = {k: v for k, v in doc["spec"]["autoscaling"].items() if k != "scaleToZeroAfterSeconds"}
+    doc["spec"]["autoscaling"] = {**kept, **AUTOSCALING[name]}
+    return f"/apis/kvfleet.io/v1alpha1/namespaces/{namespace}/inferencedeployments", doc
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig for the emulator: its URL and no credentials."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kmock", "cluster": {"server": server}}],
+        "users": [{"name": "test", "user": {}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}],
+        "current-context": "kmock",
+    }
+    path.write_text(yaml.safe_dump(config))
     return path
 
 
@@ -207,13 +218,11 @@ def launcher_merged() -> bool:
 
 def cold_deployment() -> tuple[str, dict[str, object]]:
     """The InferenceDeployment the second router discovers: no EndpointSlice, so no replica."""
-    body = {
-        "apiVersion": "kvfleet.io/v1alpha1",
-        "kind": "InferenceDeployment",
-        "metadata": {"name": COLD, "namespace": "default", "uid": "uid-cold", "resourceVersion": "1"},
-        "spec": {"model": {"uri": "s3://models/tiny", "servedName": COLD}, "routing": {"maxQueueWaitSeconds": 300}},
-    }
-    return "/apis/kvfleet.io/v1alpha1/namespaces/default/inferencedeployments", body
+    path, body = autoscaled(COLD)
+    spec = body["spec"]
+    assert isinstance(spec, dict)
+    spec["routing"] = {**spec["routing"], "maxQueueWaitSeconds": 300}
+    return path, body
 
 
 def test_every_expression_returns_data(tmp_path: Path) -> None:
@@ -254,7 +263,9 @@ def test_every_expression_returns_data(tmp_path: Path) -> None:
     held: list[socket.socket] = []
     with (
         hung_listener() as hung_port,
-        kubernetes_api(ports["kube"], [cold_deployment()]) as kube_url,
+        kubernetes_api(
+            ports["kube"], [cold_deployment(), autoscaled(SERVED), autoscaled(STALE, STALE_NAMESPACE)]
+        ) as kube_url,
         stopping([]) as processes,
         run_prometheus(tmp_path / "prom", ports["prometheus"], scrape, groups) as prometheus,
     ):
@@ -264,8 +275,9 @@ def test_every_expression_returns_data(tmp_path: Path) -> None:
         # replica id) goes to it: the refused connection is retried on a live replica.
         replicas.insert(0, f"--replica={SERVED}={url['refused']}")
         wake, refused, settings = f"--autoscaler-url={url['autoscaler']}", url["refused"], router_settings
-        local = ["autoscaler", "run", "--mode=local", "--listen-host=127.0.0.1", "--tick-interval-s=1"]
-        a_file, s_file = manifests(tmp_path / "a.yaml", [SERVED, COLD]), manifests(tmp_path / "s.yaml", [STALE])
+        # The autoscalers in their production mode: deployments watched in the API, status patched there.
+        kube = ["--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", kube_url)), "--no-leader-election"]
+        scale = ["autoscaler", "run", *kube, "--listen-host=127.0.0.1", "--tick-interval-s=1"]
         commands = {
             "router": ["router", "serve", f"--port={ports['router']}", f"--settings={settings}", *replicas, wake],
             # A second router replica, in its production mode: discovery from the Kubernetes API.
@@ -273,12 +285,16 @@ def test_every_expression_returns_data(tmp_path: Path) -> None:
                 *("router", "serve", f"--port={ports['router-cold']}", wake),
                 *("--kubernetes", f"--kube-server={kube_url}", "--namespace=default"),
             ],
-            "autoscaler": [*local, f"--listen-port={ports['autoscaler']}", f"--router-url={url['router']}"],
-            # Its metric source (a router) refuses connections: it holds its deployment, stale.
-            "autoscaler-stale": [*local, f"--listen-port={ports['autoscaler-stale']}", f"--router-url={refused}"],
+            "autoscaler": [
+                *(*scale, f"--listen-port={ports['autoscaler']}", "--namespace=default"),
+                f"--prometheus-url={url['prometheus']}",
+            ],
+            # Its metric source (a Prometheus URL) refuses connections: it holds its deployment, stale.
+            "autoscaler-stale": [
+                *(*scale, f"--listen-port={ports['autoscaler-stale']}", f"--namespace={STALE_NAMESPACE}"),
+                f"--prometheus-url={refused}",
+            ],
         }
-        commands["autoscaler"].append(f"--filename={a_file}")
-        commands["autoscaler-stale"].append(f"--filename={s_file}")
         make = start("make-tiny-model", ["engine", "make-tiny-model", str(model_dir)], "", logs)
         processes.append(make)
         processes += [start(name, args, url[name], logs) for name, args in commands.items()]

@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 import yaml
 
-from kvfleet.local.metrics import scrape_engine
+from kvfleet.autoscaler.engine_metrics import scrape_engine
 from kvfleet.local.runtime import LocalRuntime, load_manifests
 from kvfleet.local.settings import LocalSettings, ProcessSettings
 

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 from support.local_support import RecordingRegistry
 
+from kvfleet.autoscaler.engine_metrics import scrape_engine, total_inflight
 from kvfleet.local.actuator import DeploymentProcesses
-from kvfleet.local.metrics import scrape_engine, total_inflight
 from kvfleet.local.settings import ProcessSettings
 
 FAST = ProcessSettings(

@@ -96,3 +96,12 @@ async def test_the_routers_view_follows_what_the_engines_store(runtime: LocalRun
     assert re.search(r'kvfleet_router_kv_event_subscriptions\{model="m",namespace="[^"]*"\} 2.0', text), [
         line for line in text.splitlines() if "kv_event" in line
     ]
+    # Autoscaling off: the controller leaves the deployment at spec.replicas, and the view still
+    # reads its engines once a tick (the samples the window turns into TTFT and prefix hits).
+    for _ in range(50):
+        view = runtime.status().deployments[0]
+        if view.ttft_p50_s is not None and view.prefix_hit_rate is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert view.ttft_p50_s is not None and view.prefix_hit_rate is not None, view
+    assert view.current_decision is None and view.desired_replicas == 2, view

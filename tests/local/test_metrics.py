@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from kvfleet.local.metrics import EngineSample, MetricWindow, histogram_quantile, parse_engine_metrics
+from kvfleet.autoscaler.engine_metrics import EngineSample, parse_engine_metrics
+from kvfleet.autoscaler.scrape_source import histogram_quantile
+from kvfleet.local.metrics import MetricWindow
 
 EXPOSITION = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="tiny"} 2
@@ -34,6 +36,10 @@ def test_parse_sums_label_sets() -> None:
     assert sample.requests_done == 10
     assert (sample.prefix_queries, sample.prefix_hits) == (100, 40)
     assert sample.ttft_buckets == {0.1: 4, 1.0: 10, math.inf: 10}
+    # Scraped for one deployment, an engine's series of another served name are not its own.
+    assert parse_engine_metrics(EXPOSITION, "tiny") == sample
+    other = parse_engine_metrics(EXPOSITION, "other")
+    assert (other.running, other.requests_done, other.ttft_buckets) == (None, 0.0, {})
 
 
 def test_histogram_quantile_interpolates_like_promql() -> None:

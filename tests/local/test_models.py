@@ -70,7 +70,7 @@ def test_cpu_quantity_sets_engine_threads() -> None:
 def test_engines_publish_kv_events_on_loopback_where_the_router_can_tokenize(tmp_path: Path) -> None:
     import json
 
-    from kvfleet.local.runtime import local_router_settings
+    from kvfleet.local.routing import local_router_settings
     from kvfleet.router.settings import RouterSettings
 
     with_tokenizer = tmp_path / "with"

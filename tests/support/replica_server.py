@@ -1,9 +1,10 @@
 """A small HTTP server process with the engine's process contract, for the actuator's tests.
 
 It answers /health (200 when ready, 503 while draining), /metrics (vllm:num_requests_running),
-and POST /slow?seconds=S (holds the request S seconds). SIGTERM: stop admitting, finish what is in
-flight, exit 0 -- the engine contract in docs/contracts.md. The whole-system tests use the real
-reference engine; this keeps the actuator's tests fast and independent of it.
+GET /scrapes (how many times /metrics was read), and POST /slow?seconds=S (holds the request S
+seconds). SIGTERM: stop admitting, finish what is in flight, exit 0 -- the engine contract in
+docs/contracts.md. The whole-system tests use the real reference engine; this keeps the
+actuator's tests fast and independent of it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ async def main() -> int:
     args = parser.parse_args()
     if args.exit_code is not None:
         return int(args.exit_code)
-    state = {"ready": False, "draining": False, "inflight": 0}
+    state = {"ready": False, "draining": False, "inflight": 0, "scrapes": 0}
     done = asyncio.Event()
 
     async def health(_: web.Request) -> web.Response:
@@ -32,10 +33,14 @@ async def main() -> int:
         return web.Response(status=200 if ok else 503, text="ok" if ok else "unavailable")
 
     async def metrics(_: web.Request) -> web.Response:
+        state["scrapes"] += 1
         text = (
             f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="t"}} {state["inflight"]}\n'
         )
         return web.Response(text=text)
+
+    async def scrapes(_: web.Request) -> web.Response:
+        return web.Response(text=str(state["scrapes"]))
 
     async def slow(request: web.Request) -> web.Response:
         if state["draining"]:
@@ -48,7 +53,14 @@ async def main() -> int:
         return web.Response(text="done")
 
     app = web.Application()
-    app.add_routes([web.get("/health", health), web.get("/metrics", metrics), web.post("/slow", slow)])
+    app.add_routes(
+        [
+            web.get("/health", health),
+            web.get("/metrics", metrics),
+            web.get("/scrapes", scrapes),
+            web.post("/slow", slow),
+        ]
+    )
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", args.port).start()
