@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
 from kvfleet.autoscaler.policy import DEFAULT_POLICY, PolicySettings
 from kvfleet.autoscaler.settings import AutoscalerSettings
 
+BASE: dict[str, Any] = {"prometheus_url": "http://prometheus:9090", "identity": "autoscaler-0"}
+
 
 def test_policy_knobs_are_nested_with_their_defaults() -> None:
-    assert AutoscalerSettings(mode="local").policy == DEFAULT_POLICY
-    nested = AutoscalerSettings(mode="local", policy={"latency_alpha": 0.5, "forecast": {"level_alpha": 1.0}})
+    assert AutoscalerSettings(**BASE).policy == DEFAULT_POLICY
+    nested = AutoscalerSettings(**BASE, policy={"latency_alpha": 0.5, "forecast": {"level_alpha": 1.0}})
     assert nested.policy.latency_alpha == 0.5 and nested.policy.forecast.level_alpha == 1.0
 
 
 def test_top_level_policy_knobs_still_work_and_go_into_policy() -> None:
     settings = AutoscalerSettings(
-        mode="local",
+        **BASE,
         max_metrics_age_s=10,
         panic_threshold_ratio=3,
         scale_down_max_fraction=0.5,
@@ -46,6 +50,6 @@ def test_top_level_policy_knobs_still_work_and_go_into_policy() -> None:
 )
 def test_a_bad_policy_knob_is_named(values: dict[str, object], named: str) -> None:
     with pytest.raises(ValidationError) as caught:
-        AutoscalerSettings(mode="local", **values)  # type: ignore[arg-type]
+        AutoscalerSettings(**BASE, **values)  # type: ignore[arg-type]
     problems = [(".".join(map(str, e["loc"])), e["msg"]) for e in caught.value.errors()]
     assert any(named in f"{where} {msg}" for where, msg in problems), problems
