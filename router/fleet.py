@@ -1,7 +1,7 @@
 """The router's live view of its deployments: replicas with their in-flight and awaiting-first-byte
 counts, the prefix index, outlier ejection, and the hold queue. ``acquire`` picks a replica (holding
-the request while the model has none), ``Lease.first_byte`` says the answer started,
-``Lease.release`` reports how the attempt went.
+the request while the model has none), ``Lease.first_byte`` says the answer started, and leaving the
+lease's ``with`` block reports how the attempt went.
 
 Models are keyed by ``namespace/served-name`` (``DeploymentView.key``); every method that takes a
 model name also takes the bare served name, which the source guarantees one deployment holds
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from kvfleet.router.activator import HoldBudget, HoldQueue
 from kvfleet.router.engine_caches import EngineCaches
-from kvfleet.router.errors import ModelNotFoundError
+from kvfleet.router.errors import ModelNotFoundError, ReplicaFailure
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.outlier import OutlierDetector
 from kvfleet.router.picking import Candidate, Pick, PickRequest, Strategy, build_strategy
@@ -61,7 +61,11 @@ class _Model:
 
 
 class Lease:
-    """One attempt's hold on a replica; release it exactly once.
+    """One attempt's hold on a replica, released exactly once.
+
+    Used as ``with lease:``, how the block ends is the outcome: normally ``ok`` (the replica answered),
+    by a ``ReplicaFailure`` ``failed`` (counts towards ejecting it), by anything else ``aborted`` (the
+    client left, the router refused: neither). ``release(outcome)`` does the same by hand.
 
     It holds the replica's record itself, not its id: a replica that leaves and comes back under the
     same id is a new record, and requests sent to the old process never touch the new one's counts.
@@ -78,6 +82,17 @@ class Lease:
         self._replica = replica
         self._released = False
         self._awaiting = True
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is None:
+            self.release("ok")
+        elif issubclass(exc_type, ReplicaFailure):
+            self.release("failed")
+        else:
+            self.release("aborted")
 
     def first_byte(self) -> None:
         """The answer's first body bytes arrived: the request is past the replica's prefill queue."""

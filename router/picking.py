@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from kvfleet.router.engine_caches import EngineCaches
@@ -274,7 +274,6 @@ class Strategy:
     filters: list[Filter]
     scorers: list[tuple[Scorer, float]]
     picker: Picker
-    notes: list[str] = field(default_factory=list)
 
     def pick(self, candidates: Sequence[Candidate], request: PickRequest) -> Pick | None:
         """The replica to send ``request`` to, or None when there is no candidate at all."""
