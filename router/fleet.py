@@ -279,6 +279,8 @@ class Fleet:
             placement=self._settings.placement,
             load_bound_slack=self._settings.load_bound_slack_requests,
             caches=caches,
+            model=view.served_name,
+            max_prompt_blocks=self._settings.max_prompt_blocks,
         )
 
     # -- queries ---------------------------------------------------------------------------------
@@ -304,8 +306,9 @@ class Fleet:
         model = self._require(model_name)
         return model.view.created_unix_s or model.first_seen_unix_s
 
-    def routing_block_chars(self, model_name: str) -> int:
-        return self._require(model_name).view.routing.prefix_block_chars
+    def prompt_blocks(self, model_name: str, body: dict[str, Any]) -> BlockChain:
+        """The request's prompt as the model's prefix scorer hashes it (``picking.PrefixScorer.hashes``)."""
+        return self._require(model_name).strategy.prefix.hashes(body)
 
     def inflight(self, served_name: str) -> dict[str, int]:
         model = self._find(served_name)
@@ -396,7 +399,7 @@ class Fleet:
         else:
             request = PickRequest(hashes, exclude, key, block)
         pick = model.strategy.pick(candidates, request)
-        return self._lease(model, pick, hashes) if pick is not None else None
+        return self._lease(model, pick, request) if pick is not None else None
 
     async def acquire(self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()) -> Lease:
         """A replica for one attempt, holding the request while the model has none ready."""
@@ -416,9 +419,9 @@ class Fleet:
                 self._metrics.queue_depth.labels(*model.view.labels).set(len(model.queue))
             model = self._require(model.view.key)
 
-    def _lease(self, model: _Model, pick: Pick, hashes: Sequence[int]) -> Lease:
+    def _lease(self, model: _Model, pick: Pick, request: PickRequest) -> Lease:
         replica = model.replicas[pick.replica_id]
-        model.index.record(pick.replica_id, hashes)  # learn only after the pick
+        model.strategy.learn(pick, request)  # learn only after the pick
         replica.inflight += 1
         replica.waiting += 1
         self._metrics.prefix_match.observe(model.view.labels, pick.match_ratio)

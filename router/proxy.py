@@ -27,7 +27,6 @@ from kvfleet.router.fleet import Fleet
 from kvfleet.router.forward import Forwarder
 from kvfleet.router.http_server import Handler, Headers, HttpRequest, Responder
 from kvfleet.router.metrics import RouterMetrics
-from kvfleet.router.prompt import block_hashes, render_prompt
 from kvfleet.router.replicas import DeploymentView
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.upstream import UpstreamPool
@@ -197,13 +196,7 @@ class Proxy:
                 # Qualified (namespace/served-name): the engine knows the served name only.
                 body["model"] = view.served_name
                 request.body = json.dumps(body).encode()
-            block_chars = view.routing.prefix_block_chars
-            hashes = block_hashes(
-                render_prompt(body),
-                model=view.served_name,
-                block_chars=block_chars,
-                max_blocks=self._settings.max_prompt_blocks,
-            )
+            hashes = self._fleet.prompt_blocks(model, body)
             tokenize = self._fleet.engine_blocks_job(model, body, hashes)
             if tokenize is not None:
                 if len(request.body) > self._settings.kv_events_inline_tokenize_bytes:
