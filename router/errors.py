@@ -89,7 +89,7 @@ class UpstreamBusyError(RouterError):
 
 class ReplicaFailure(Exception):
     """The replica failed one attempt (not the client, not the router's own refusal): a lease whose block
-    ends with one counts a failure towards ejecting the replica (``fleet.Lease``)."""
+    ends with one counts a failure towards ejecting the replica (``replica_lease.ReplicaLease``)."""
 
     def __init__(self, replica_id: str, reason: str) -> None:
         super().__init__(f"{replica_id}: {reason}")

@@ -1,7 +1,7 @@
 """The router's live view of its deployments: replicas with their in-flight and awaiting-first-byte
 counts, the prefix index, outlier ejection, and the hold queue. ``acquire`` picks a replica (holding
-the request while the model has none), ``Lease.first_byte`` says the answer started, and leaving the
-lease's ``with`` block reports how the attempt went.
+the request while the model has none) and hands out a ``ReplicaLease`` (replica_lease.py), whose
+``with`` block reports how the attempt went.
 
 Models are keyed by ``namespace/served-name`` (``DeploymentView.key``); every method that takes a
 model name also takes the bare served name, which the source guarantees one deployment holds
@@ -20,13 +20,14 @@ from urllib.parse import urlsplit
 
 from kvfleet.router.activator import HoldBudget, HoldQueue
 from kvfleet.router.engine_caches import EngineCaches
-from kvfleet.router.errors import ModelNotFoundError, ReplicaFailure
+from kvfleet.router.errors import ModelNotFoundError
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.outlier import OutlierDetector
 from kvfleet.router.picking import Candidate, Pick, PickRequest, Strategy, build_strategy
 from kvfleet.router.placement import BranchIndex, home
 from kvfleet.router.prefix_index import PrefixIndex
 from kvfleet.router.prompt import BlockChain
+from kvfleet.router.replica_lease import ReplicaLease, ReplicaLoad
 from kvfleet.router.replicas import DeploymentView, Endpoint, Snapshot
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import WakeError, WakeSignal
@@ -39,15 +40,6 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Replica:
-    endpoint: Endpoint
-    inflight: int = 0  # sent and not finished
-    # Sent and no response body byte yet: queued or prefilling at the engine (for a streamed answer;
-    # a non-streamed one's first byte comes with the whole answer, so it counts here until done).
-    waiting: int = 0
-
-
-@dataclass
 class _Model:
     view: DeploymentView
     index: PrefixIndex
@@ -56,58 +48,8 @@ class _Model:
     branches: BranchIndex | None  # where prompts diverge, for placement (None: placement off)
     caches: EngineCaches | None = None  # the replicas' KV-cache event views (None: events off)
     subscriptions: dict[str, EventSubscription] = field(default_factory=dict)
-    replicas: dict[str, _Replica] = field(default_factory=dict)
+    replicas: dict[str, ReplicaLoad] = field(default_factory=dict)
     first_seen_unix_s: int = field(default_factory=lambda: int(time.time()))
-
-
-class Lease:
-    """One attempt's hold on a replica, released exactly once.
-
-    Used as ``with lease:``, how the block ends is the outcome: normally ``ok`` (the replica answered),
-    by a ``ReplicaFailure`` ``failed`` (counts towards ejecting it), by anything else ``aborted`` (the
-    client left, the router refused: neither). ``release(outcome)`` does the same by hand.
-
-    It holds the replica's record itself, not its id: a replica that leaves and comes back under the
-    same id is a new record, and requests sent to the old process never touch the new one's counts.
-    """
-
-    __slots__ = ("_awaiting", "_fleet", "_released", "_replica", "model", "pick", "replica_id", "url")
-
-    def __init__(self, model: str, replica_id: str, url: str, pick: Pick, fleet: Fleet, replica: _Replica) -> None:
-        self.model = model
-        self.replica_id = replica_id
-        self.url = url
-        self.pick = pick
-        self._fleet = fleet
-        self._replica = replica
-        self._released = False
-        self._awaiting = True
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if exc_type is None:
-            self.release("ok")
-        elif issubclass(exc_type, ReplicaFailure):
-            self.release("failed")
-        else:
-            self.release("aborted")
-
-    def first_byte(self) -> None:
-        """The answer's first body bytes arrived: the request is past the replica's prefill queue."""
-        if self._awaiting:
-            self._awaiting = False
-            self._replica.waiting -= 1
-
-    def release(self, outcome: str) -> None:
-        """``ok``: the replica answered; ``failed``: it failed before the first byte; ``aborted``: neither."""
-        if self._released:
-            return
-        self._released = True
-        self.first_byte()  # no longer waiting either way (a no-op when it already counted)
-        self._replica.inflight -= 1
-        self._fleet._release(self, outcome)
 
 
 class Fleet:
@@ -232,7 +174,7 @@ class Fleet:
         for replica_id, endpoint in wanted.items():
             replica = model.replicas.get(replica_id)
             if replica is None:
-                model.replicas[replica_id] = _Replica(endpoint)
+                model.replicas[replica_id] = ReplicaLoad(endpoint)
             elif replica.endpoint != endpoint:
                 if replica.endpoint.url != endpoint.url:
                     model.index.forget(replica_id)  # a new process behind the same id has a cold cache
@@ -375,12 +317,14 @@ class Fleet:
 
     def try_acquire(
         self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()
-    ) -> Lease | None:
+    ) -> ReplicaLease | None:
         """A replica for one attempt now, or None when the model has none taking requests (see ``acquire``)."""
         model = self._require(served_name)
         return self._try_pick(model, hashes, exclude, self._clock())
 
-    def _try_pick(self, model: _Model, hashes: Sequence[int], exclude: frozenset[str], now_s: float) -> Lease | None:
+    def _try_pick(
+        self, model: _Model, hashes: Sequence[int], exclude: frozenset[str], now_s: float
+    ) -> ReplicaLease | None:
         if self._outliers.none_ejected(now_s):
             replicas = model.replicas.items()
             candidates = [Candidate(r, rep.inflight, rep.endpoint.draining, False, rep.waiting) for r, rep in replicas]
@@ -401,7 +345,9 @@ class Fleet:
         pick = model.strategy.pick(candidates, request)
         return self._lease(model, pick, request) if pick is not None else None
 
-    async def acquire(self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()) -> Lease:
+    async def acquire(
+        self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()
+    ) -> ReplicaLease:
         """A replica for one attempt, holding the request while the model has none ready."""
         model = self._require(served_name)
         deadline_s = self._clock() + model.view.routing.max_queue_wait_seconds
@@ -419,7 +365,7 @@ class Fleet:
                 self._metrics.queue_depth.labels(*model.view.labels).set(len(model.queue))
             model = self._require(model.view.key)
 
-    def _lease(self, model: _Model, pick: Pick, request: PickRequest) -> Lease:
+    def _lease(self, model: _Model, pick: Pick, request: PickRequest) -> ReplicaLease:
         replica = model.replicas[pick.replica_id]
         model.strategy.learn(pick, request)  # learn only after the pick
         replica.inflight += 1
@@ -427,9 +373,9 @@ class Fleet:
         self._metrics.prefix_match.observe(model.view.labels, pick.match_ratio)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("pick %s", pick.reason)
-        return Lease(model.view.key, pick.replica_id, replica.endpoint.url, pick, self, replica)
+        return ReplicaLease(model.view.key, pick.replica_id, replica.endpoint.url, pick, replica, self._release)
 
-    def _release(self, lease: Lease, outcome: str) -> None:
+    def _release(self, lease: ReplicaLease, outcome: str) -> None:
         if outcome == "ok":
             self._outliers.record_success(lease.replica_id)
         elif outcome == "failed":

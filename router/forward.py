@@ -23,11 +23,12 @@ from kvfleet.router.errors import (
     UpstreamBusyError,
     UpstreamError,
 )
-from kvfleet.router.fleet import Fleet, Lease
+from kvfleet.router.fleet import Fleet
 from kvfleet.router.headers import forward_headers, response_header_lines
 from kvfleet.router.http_server import HttpRequest, Responder
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.migration import CHAT_PATH, Splicer, continuation, finish_event, progress
+from kvfleet.router.replica_lease import ReplicaLease
 from kvfleet.router.replicas import key_labels
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.sse import EventSplitter, error_event
@@ -171,14 +172,16 @@ class Forwarder:
 
     # -- one attempt ---------------------------------------------------------------------------
 
-    async def _send(self, model: str, lease: Lease, path_qs: str, raw: bytes, headers: bytes) -> UpstreamResponse:
+    async def _send(
+        self, model: str, lease: ReplicaLease, path_qs: str, raw: bytes, headers: bytes
+    ) -> UpstreamResponse:
         """Send when no idle connection was at hand: wait for a free one (pool) or open one (connect)."""
         try:
             return await self._upstream.send(lease.url, path_qs, headers, raw)
         except UpstreamIOError as e:
             raise self._failure(model, lease.replica_id, e, head_done=False) from e
 
-    async def _first_bytes(self, model: str, lease: Lease, upstream: UpstreamResponse) -> bytes:
+    async def _first_bytes(self, model: str, lease: ReplicaLease, upstream: UpstreamResponse) -> bytes:
         """Read the head and the first body bytes: until here the attempt may still be retried."""
         try:
             while not upstream.head_done:

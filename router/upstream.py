@@ -16,6 +16,9 @@ to its answers in one place (``kvfleet.router.forward.upstream_failure``).
 
 An ``UpstreamResponse`` is a context manager: leaving its block gives the connection back to the pool
 when the block ended normally (``release``) and closes it when it raised (``close``).
+
+One module over 400 lines on purpose: the connection, the response and the pool share private state
+(the pool's open count and waiters, the deadline sweep's waiting set) that splitting them would make public.
 """
 
 from __future__ import annotations
