@@ -213,3 +213,22 @@ async def test_pool_bound_makes_requests_wait_and_idle_connections_are_closed_af
             assert server.connections == 2
         finally:
             await pool.close()
+
+
+async def test_a_response_block_that_raises_closes_its_connection_and_a_normal_one_reuses_it() -> None:
+    async with raw_server(answer_json) as (server, url):
+        pool = UpstreamPool(settings())
+        try:
+            with pytest.raises(RuntimeError), await send_for_head(pool, url) as response:
+                assert response.status == 200
+                raise RuntimeError("the client went away")  # mid-read: the replica must see the request go
+            for _ in range(50):
+                if server.closed:
+                    break
+                await asyncio.sleep(0.01)
+            assert server.closed == 1
+            assert await read_all(pool, url) == (200, b'{"ok":true}')  # a new connection, kept after a clean end
+            assert await read_all(pool, url) == (200, b'{"ok":true}')
+            assert server.connections == 2
+        finally:
+            await pool.close()
