@@ -30,7 +30,7 @@ from kvfleet.router.prompt import BlockChain
 from kvfleet.router.replica_lease import ReplicaLease, ReplicaLoad
 from kvfleet.router.replicas import DeploymentView, Endpoint, Snapshot
 from kvfleet.router.settings import RouterSettings
-from kvfleet.router.wake import WakeError, WakeSignal
+from kvfleet.router.wake import WakeRepeater, WakeSignal
 
 if TYPE_CHECKING:
     from kvfleet.engine.tokenizer import ModelTokenizer
@@ -64,7 +64,7 @@ class Fleet:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
-        self._wake = wake
+        self._waker = WakeRepeater(wake, interval_s=settings.wake_min_interval_s, timeout_s=settings.wake_timeout_s)
         self._metrics = metrics
         self._clock = clock
         self._models: dict[str, _Model] = {}  # by DeploymentView.key
@@ -74,7 +74,6 @@ class Fleet:
             base_ejection_s=settings.eject_base_s,
             max_ejection_s=max(settings.eject_max_s, settings.eject_base_s),
         )
-        self._wake_tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._holds = HoldBudget(settings.max_held_requests)
         metrics.track_holds(lambda: (self._holds.held, self._holds.max_held, self._holds.refused))
@@ -223,6 +222,7 @@ class Fleet:
             caches=caches,
             model=view.served_name,
             max_prompt_blocks=self._settings.max_prompt_blocks,
+            tokenizer=self._tokenizers.get(view.served_name),
         )
 
     # -- queries ---------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ class Fleet:
         return model.view.created_unix_s or model.first_seen_unix_s
 
     def prompt_blocks(self, model_name: str, body: dict[str, Any]) -> BlockChain:
-        """The request's prompt as the model's prefix scorer hashes it (``picking.PrefixScorer.hashes``)."""
+        """The request's prompt as the model's prefix scorer hashes it (``prefix_scorer.PrefixScorer.hashes``)."""
         return self._require(model_name).strategy.prefix.hashes(body)
 
     def inflight(self, served_name: str) -> dict[str, int]:
@@ -279,39 +279,12 @@ class Fleet:
         model = self._find(served_name)
         return model.caches if model else None
 
-    def attach_engine_blocks(self, served_name: str, body: dict[str, Any], hashes: Sequence[int]) -> None:
-        """Tokenize the prompt into the engines' blocks when some replica's events can be read for it."""
-        job = self.engine_blocks_job(served_name, body, hashes)
-        if job is not None:
-            job()
-
     def engine_blocks_job(
         self, served_name: str, body: dict[str, Any], hashes: Sequence[int]
     ) -> Callable[[], None] | None:
-        """The work of tokenizing the prompt into the engines' blocks, or None when nothing would read them
-        (no tokenizer for the model, no usable event view).
-
-        The result is carried on ``hashes`` (``prompt.BlockChain.engine_blocks``), so retries and
-        continuations reuse it. It costs a chat-template render and a tokenization (milliseconds for a
-        long prompt: docs/benchmarks/kv_events.md), so the proxy runs it off the event loop for large
-        bodies; it touches nothing but ``hashes``.
-        """
+        """The model's prefix scorer's tokenizing job (``PrefixScorer.engine_blocks_job``), or None."""
         model = self._find(served_name)
-        tokenizer = self._tokenizers.get(model.view.served_name) if model is not None else None
-        if model is None or model.caches is None or tokenizer is None or not isinstance(hashes, BlockChain):
-            return None
-        size = model.caches.block_size()
-        if size is None:
-            return None
-        from kvfleet.router.prompt_tokens import engine_block_hashes
-
-        chain = hashes
-
-        def job() -> None:
-            chain.engine_blocks = engine_block_hashes(tokenizer, body, size)
-            chain.engine_block_size = size
-
-        return job
+        return model.strategy.prefix.engine_blocks_job(body, hashes) if model is not None else None
 
     # -- acquire / release -----------------------------------------------------------------------
 
@@ -357,7 +330,7 @@ class Fleet:
             if lease is not None:
                 return lease
             # No replica takes new requests (none yet, or all draining): hold the request, wake the autoscaler.
-            self._start_wake(model.view.key)
+            self._waker.start(model.view.key, self._needs_wake)
             self._metrics.queue_depth.labels(*model.view.labels).set(len(model.queue) + 1)
             try:
                 await model.queue.wait(deadline_s - now_s)
@@ -389,39 +362,18 @@ class Fleet:
             raise ModelNotFoundError(f"model {model_name!r} is not served here")
         return model
 
-    # -- wake ------------------------------------------------------------------------------------
-
-    def _start_wake(self, key: str) -> None:
-        """Signal the autoscaler now, and again every ``wake_min_interval_s`` while requests wait."""
-        task = self._wake_tasks.get(key)
-        if task is not None and not task.done():
-            return
-        self._wake_tasks[key] = asyncio.get_running_loop().create_task(self._wake_loop(key))
-
-    def _needs_wake(self, key: str) -> DeploymentView | None:
+    def _needs_wake(self, key: str) -> tuple[str, str] | None:
+        """The deployment to wake: requests are held and no replica takes them (none, or all draining)."""
         model = self._models.get(key)
         if model is None or not len(model.queue):
             return None
         if any(not r.endpoint.draining for r in model.replicas.values()):
             return None
-        return model.view
-
-    async def _wake_loop(self, key: str) -> None:
-        await asyncio.sleep(0)  # let the request that started this enter the queue
-        while (view := self._needs_wake(key)) is not None:
-            try:
-                await asyncio.wait_for(self._wake.wake(view.namespace, view.name), self._settings.wake_timeout_s)
-            except (WakeError, TimeoutError) as e:
-                log.warning("wake signal for %s/%s failed: %s", view.namespace, view.name, e)
-            await asyncio.sleep(self._settings.wake_min_interval_s)
+        return model.view.namespace, model.view.name
 
     async def close(self) -> None:
         for model in self._models.values():
             for replica_id in list(model.subscriptions):
                 self._unsubscribe(model, replica_id)
         await asyncio.gather(*self._stopping, return_exceptions=True)
-        tasks = list(self._wake_tasks.values())
-        self._wake_tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._waker.close()

@@ -29,13 +29,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kvfleet.router.engine_caches import EngineCaches
 from kvfleet.router.placement import PlacementScorer
 from kvfleet.router.prefix_index import PrefixIndex
 from kvfleet.router.prefix_scorer import PrefixScorer
 from kvfleet.spec import RoutingSpec
+
+if TYPE_CHECKING:
+    from kvfleet.engine.tokenizer import ModelTokenizer
 
 
 # Named tuples, not dataclasses: three are built per routed request, and a tuple is ~4x cheaper to make.
@@ -330,6 +333,7 @@ def build_strategy(
     caches: EngineCaches | None = None,
     model: str = "",
     max_prompt_blocks: int = 2048,
+    tokenizer: ModelTokenizer | None = None,
 ) -> Strategy:
     """The strategy a deployment's ``spec.routing`` asks for.
 
@@ -340,10 +344,16 @@ def build_strategy(
     ``caches``: the model's replicas' KV-cache event views, read by the prefix strategy where live.
     ``model``, ``max_prompt_blocks``: the served name that seeds the prompt's block hashes, and how many
     blocks are hashed (``PrefixScorer.hashes``; the block size is ``routing.prefix_block_chars``).
+    ``tokenizer``: the model's, when its prompts are also cut into the engines' token blocks (KV events).
     """
     routable = RoutableFilter()
     prefix = PrefixScorer(
-        index, caches, model=model, block_chars=routing.prefix_block_chars, max_blocks=max_prompt_blocks
+        index,
+        caches,
+        model=model,
+        block_chars=routing.prefix_block_chars,
+        max_blocks=max_prompt_blocks,
+        tokenizer=tokenizer,
     )
     if routing.strategy == "round-robin":
         return Strategy("round-robin", prefix, [routable], [], RoundRobinPicker())

@@ -2,14 +2,15 @@
 
 Shaped like the Gateway API Inference Extension's prefix plugin: a request's prompt is cut into
 block hashes chained over the model name (``hashes``, once per request: retries and continuations
-reuse them), each replica is scored by the leading blocks the prefix index believes it holds
-(``score``, read-only), and the index learns where the prompt went only once a replica is picked
-(``learn``, called through ``picking.Strategy.learn``).
+reuse them; with KV events also into the engines' token blocks, ``engine_blocks_job``), each replica
+is scored by the leading blocks the prefix index believes it holds (``score``, read-only), and the
+index learns where the prompt went only once a replica is picked (``learn``, called through
+``picking.Strategy.learn``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from kvfleet.router.prompt import BlockChain, block_hashes, render_prompt
 from kvfleet.spec import RoutingSpec
 
 if TYPE_CHECKING:
+    from kvfleet.engine.tokenizer import ModelTokenizer
     from kvfleet.router.picking import Candidate, PickRequest
 
 DEFAULT_BLOCK_CHARS = RoutingSpec().prefix_block_chars
@@ -43,6 +45,7 @@ class PrefixScorer:
     model: str = ""  # the served name seeds every chain: two models never share a block
     block_chars: int = DEFAULT_BLOCK_CHARS
     max_blocks: int = 2048  # blocks hashed per prompt: bounds the CPU per request
+    tokenizer: ModelTokenizer | None = None  # the model's, to match the engines' token blocks (KV events)
 
     def hashes(self, body: Mapping[str, Any]) -> BlockChain:
         """The request's prompt as chained block hashes (``prompt.block_hashes``); ``BadRequestError``
@@ -50,6 +53,31 @@ class PrefixScorer:
         return block_hashes(
             render_prompt(body), model=self.model, block_chars=self.block_chars, max_blocks=self.max_blocks
         )
+
+    def engine_blocks_job(self, body: Mapping[str, Any], hashes: Sequence[int]) -> Callable[[], None] | None:
+        """The work of tokenizing the prompt into the engines' blocks, or None when nothing would read them
+        (no tokenizer for the model, no usable event view).
+
+        The result is carried on ``hashes`` (``prompt.BlockChain.engine_blocks``), so retries and
+        continuations reuse it. It costs a chat-template render and a tokenization (milliseconds for a
+        long prompt: docs/benchmarks/kv_events.md), so the proxy runs it off the event loop for large
+        bodies; it touches nothing but ``hashes``.
+        """
+        tokenizer, caches = self.tokenizer, self.caches
+        if caches is None or tokenizer is None or not isinstance(hashes, BlockChain):
+            return None
+        size = caches.block_size()
+        if size is None:
+            return None
+        from kvfleet.router.prompt_tokens import engine_block_hashes  # the tokenizer library, only when used
+
+        chain = hashes
+
+        def job() -> None:
+            chain.engine_blocks = engine_block_hashes(tokenizer, body, size)
+            chain.engine_block_size = size
+
+        return job
 
     def score(self, candidates: Sequence[Candidate], request: PickRequest) -> list[float]:
         hashes = request.hashes
