@@ -283,6 +283,8 @@ class Fleet:
         self, served_name: str, body: dict[str, Any], hashes: Sequence[int]
     ) -> Callable[[], None] | None:
         """The model's prefix scorer's tokenizing job (``PrefixScorer.engine_blocks_job``), or None."""
+        if not self._tokenizers:  # no model is tokenized (KV events off): nothing to look up per request
+            return None
         model = self._find(served_name)
         return model.strategy.prefix.engine_blocks_job(body, hashes) if model is not None else None
 
