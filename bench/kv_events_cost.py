@@ -3,7 +3,7 @@ scoring with event views) and per event batch (decode and apply), and the memory
 
 All in one process and one run, the path without events measured beside it (medians over rounds):
 - request: today's text-block hashing (``render_prompt`` + ``block_hashes``) vs that plus
-  ``Fleet.attach_engine_blocks``' work (the chat template rendered and the prompt tokenized with the
+  ``PrefixScorer.engine_blocks_job``' work (the chat template rendered and the prompt tokenized with the
   engine's ``ModelTokenizer``, then the token blocks hashed), for a short completion and a chat with
   a ~16k-character (~4k-token) system prompt, as bench/router_overhead.py sends;
 - pick: the prefix strategy over 4 replicas, learned index only vs with 4 complete event views;

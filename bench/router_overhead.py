@@ -191,12 +191,11 @@ async def stream_latency(url: str, streams: int, seconds: float, chunks: int, de
         while now() < stop_at:
             t0 = now()
             try:
-                resp = await pool.post(url, "/v1/completions", headers, body)
-                first = None
-                while await resp.readany():
-                    if first is None:
-                        first = now()
-                resp.release()
+                with await pool.send(url, "/v1/completions", headers, body) as resp:
+                    first = None
+                    while await resp.readany():
+                        if first is None:
+                            first = now()
             except UpstreamIOError:
                 errors += 1
                 continue

@@ -78,13 +78,36 @@ class UpstreamError(RouterError):
     code = "upstream_unavailable"
 
 
-class UpstreamAttemptError(Exception):
-    """One attempt on one replica failed before any byte reached the client, so it may be retried."""
+class UpstreamBusyError(RouterError):
+    """Every connection the router may hold to the picked replica stayed in use for pool_wait_timeout_s:
+    503 with Retry-After. Not retried elsewhere: the wait already took the time a retry would have."""
+
+    status = 503
+    kind = "upstream_busy"
+    code = "upstream_busy"
+
+
+class ReplicaFailure(Exception):
+    """The replica failed one attempt (not the client, not the router's own refusal): a lease whose block
+    ends with one counts a failure towards ejecting the replica (``replica_lease.ReplicaLease``)."""
 
     def __init__(self, replica_id: str, reason: str) -> None:
         super().__init__(f"{replica_id}: {reason}")
         self.replica_id = replica_id
         self.reason = reason
+
+
+class UpstreamAttemptError(ReplicaFailure):
+    """One attempt on one replica failed before any byte reached the client, so it may be retried."""
+
+
+class StreamBrokenError(ReplicaFailure):
+    """The replica broke an answer after bytes of it reached the client (``error``: how): the request is
+    committed, so it is continued elsewhere (a stream) or ends visibly broken, never retried whole."""
+
+    def __init__(self, replica_id: str, error: Exception) -> None:
+        super().__init__(replica_id, repr(error))
+        self.error = error
 
 
 class GatewayTimeoutError(RouterError):

@@ -1,7 +1,7 @@
 """The router's live view of its deployments: replicas with their in-flight and awaiting-first-byte
 counts, the prefix index, outlier ejection, and the hold queue. ``acquire`` picks a replica (holding
-the request while the model has none), ``Lease.first_byte`` says the answer started,
-``Lease.release`` reports how the attempt went.
+the request while the model has none) and hands out a ``ReplicaLease`` (replica_lease.py), whose
+``with`` block reports how the attempt went.
 
 Models are keyed by ``namespace/served-name`` (``DeploymentView.key``); every method that takes a
 model name also takes the bare served name, which the source guarantees one deployment holds
@@ -27,24 +27,16 @@ from kvfleet.router.picking import Candidate, Pick, PickRequest, Strategy, build
 from kvfleet.router.placement import BranchIndex, home
 from kvfleet.router.prefix_index import PrefixIndex
 from kvfleet.router.prompt import BlockChain
+from kvfleet.router.replica_lease import ReplicaLease, ReplicaLoad
 from kvfleet.router.replicas import DeploymentView, Endpoint, Snapshot
 from kvfleet.router.settings import RouterSettings
-from kvfleet.router.wake import WakeError, WakeSignal
+from kvfleet.router.wake import WakeRepeater, WakeSignal
 
 if TYPE_CHECKING:
     from kvfleet.engine.tokenizer import ModelTokenizer
     from kvfleet.router.kv_subscriber import EventSubscription
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Replica:
-    endpoint: Endpoint
-    inflight: int = 0  # sent and not finished
-    # Sent and no response body byte yet: queued or prefilling at the engine (for a streamed answer;
-    # a non-streamed one's first byte comes with the whole answer, so it counts here until done).
-    waiting: int = 0
 
 
 @dataclass
@@ -56,43 +48,8 @@ class _Model:
     branches: BranchIndex | None  # where prompts diverge, for placement (None: placement off)
     caches: EngineCaches | None = None  # the replicas' KV-cache event views (None: events off)
     subscriptions: dict[str, EventSubscription] = field(default_factory=dict)
-    replicas: dict[str, _Replica] = field(default_factory=dict)
+    replicas: dict[str, ReplicaLoad] = field(default_factory=dict)
     first_seen_unix_s: int = field(default_factory=lambda: int(time.time()))
-
-
-class Lease:
-    """One attempt's hold on a replica; release it exactly once.
-
-    It holds the replica's record itself, not its id: a replica that leaves and comes back under the
-    same id is a new record, and requests sent to the old process never touch the new one's counts.
-    """
-
-    __slots__ = ("_awaiting", "_fleet", "_released", "_replica", "model", "pick", "replica_id", "url")
-
-    def __init__(self, model: str, replica_id: str, url: str, pick: Pick, fleet: Fleet, replica: _Replica) -> None:
-        self.model = model
-        self.replica_id = replica_id
-        self.url = url
-        self.pick = pick
-        self._fleet = fleet
-        self._replica = replica
-        self._released = False
-        self._awaiting = True
-
-    def first_byte(self) -> None:
-        """The answer's first body bytes arrived: the request is past the replica's prefill queue."""
-        if self._awaiting:
-            self._awaiting = False
-            self._replica.waiting -= 1
-
-    def release(self, outcome: str) -> None:
-        """``ok``: the replica answered; ``failed``: it failed before the first byte; ``aborted``: neither."""
-        if self._released:
-            return
-        self._released = True
-        self.first_byte()  # no longer waiting either way (a no-op when it already counted)
-        self._replica.inflight -= 1
-        self._fleet._release(self, outcome)
 
 
 class Fleet:
@@ -107,7 +64,7 @@ class Fleet:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
-        self._wake = wake
+        self._waker = WakeRepeater(wake, interval_s=settings.wake_min_interval_s, timeout_s=settings.wake_timeout_s)
         self._metrics = metrics
         self._clock = clock
         self._models: dict[str, _Model] = {}  # by DeploymentView.key
@@ -117,7 +74,6 @@ class Fleet:
             base_ejection_s=settings.eject_base_s,
             max_ejection_s=max(settings.eject_max_s, settings.eject_base_s),
         )
-        self._wake_tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._holds = HoldBudget(settings.max_held_requests)
         metrics.track_holds(lambda: (self._holds.held, self._holds.max_held, self._holds.refused))
@@ -217,7 +173,7 @@ class Fleet:
         for replica_id, endpoint in wanted.items():
             replica = model.replicas.get(replica_id)
             if replica is None:
-                model.replicas[replica_id] = _Replica(endpoint)
+                model.replicas[replica_id] = ReplicaLoad(endpoint)
             elif replica.endpoint != endpoint:
                 if replica.endpoint.url != endpoint.url:
                     model.index.forget(replica_id)  # a new process behind the same id has a cold cache
@@ -264,6 +220,9 @@ class Fleet:
             placement=self._settings.placement,
             load_bound_slack=self._settings.load_bound_slack_requests,
             caches=caches,
+            model=view.served_name,
+            max_prompt_blocks=self._settings.max_prompt_blocks,
+            tokenizer=self._tokenizers.get(view.served_name),
         )
 
     # -- queries ---------------------------------------------------------------------------------
@@ -289,8 +248,9 @@ class Fleet:
         model = self._require(model_name)
         return model.view.created_unix_s or model.first_seen_unix_s
 
-    def routing_block_chars(self, model_name: str) -> int:
-        return self._require(model_name).view.routing.prefix_block_chars
+    def prompt_blocks(self, model_name: str, body: dict[str, Any]) -> BlockChain:
+        """The request's prompt as the model's prefix scorer hashes it (``prefix_scorer.PrefixScorer.hashes``)."""
+        return self._require(model_name).strategy.prefix.hashes(body)
 
     def inflight(self, served_name: str) -> dict[str, int]:
         model = self._find(served_name)
@@ -319,50 +279,27 @@ class Fleet:
         model = self._find(served_name)
         return model.caches if model else None
 
-    def attach_engine_blocks(self, served_name: str, body: dict[str, Any], hashes: Sequence[int]) -> None:
-        """Tokenize the prompt into the engines' blocks when some replica's events can be read for it."""
-        job = self.engine_blocks_job(served_name, body, hashes)
-        if job is not None:
-            job()
-
     def engine_blocks_job(
         self, served_name: str, body: dict[str, Any], hashes: Sequence[int]
     ) -> Callable[[], None] | None:
-        """The work of tokenizing the prompt into the engines' blocks, or None when nothing would read them
-        (no tokenizer for the model, no usable event view).
-
-        The result is carried on ``hashes`` (``prompt.BlockChain.engine_blocks``), so retries and
-        continuations reuse it. It costs a chat-template render and a tokenization (milliseconds for a
-        long prompt: docs/benchmarks/kv_events.md), so the proxy runs it off the event loop for large
-        bodies; it touches nothing but ``hashes``.
-        """
+        """The model's prefix scorer's tokenizing job (``PrefixScorer.engine_blocks_job``), or None."""
+        if not self._tokenizers:  # no model is tokenized (KV events off): nothing to look up per request
+            return None
         model = self._find(served_name)
-        tokenizer = self._tokenizers.get(model.view.served_name) if model is not None else None
-        if model is None or model.caches is None or tokenizer is None or not isinstance(hashes, BlockChain):
-            return None
-        size = model.caches.block_size()
-        if size is None:
-            return None
-        from kvfleet.router.prompt_tokens import engine_block_hashes
-
-        chain = hashes
-
-        def job() -> None:
-            chain.engine_blocks = engine_block_hashes(tokenizer, body, size)
-            chain.engine_block_size = size
-
-        return job
+        return model.strategy.prefix.engine_blocks_job(body, hashes) if model is not None else None
 
     # -- acquire / release -----------------------------------------------------------------------
 
     def try_acquire(
         self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()
-    ) -> Lease | None:
+    ) -> ReplicaLease | None:
         """A replica for one attempt now, or None when the model has none taking requests (see ``acquire``)."""
         model = self._require(served_name)
         return self._try_pick(model, hashes, exclude, self._clock())
 
-    def _try_pick(self, model: _Model, hashes: Sequence[int], exclude: frozenset[str], now_s: float) -> Lease | None:
+    def _try_pick(
+        self, model: _Model, hashes: Sequence[int], exclude: frozenset[str], now_s: float
+    ) -> ReplicaLease | None:
         if self._outliers.none_ejected(now_s):
             replicas = model.replicas.items()
             candidates = [Candidate(r, rep.inflight, rep.endpoint.draining, False, rep.waiting) for r, rep in replicas]
@@ -381,9 +318,11 @@ class Fleet:
         else:
             request = PickRequest(hashes, exclude, key, block)
         pick = model.strategy.pick(candidates, request)
-        return self._lease(model, pick, hashes) if pick is not None else None
+        return self._lease(model, pick, request) if pick is not None else None
 
-    async def acquire(self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()) -> Lease:
+    async def acquire(
+        self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()
+    ) -> ReplicaLease:
         """A replica for one attempt, holding the request while the model has none ready."""
         model = self._require(served_name)
         deadline_s = self._clock() + model.view.routing.max_queue_wait_seconds
@@ -393,7 +332,7 @@ class Fleet:
             if lease is not None:
                 return lease
             # No replica takes new requests (none yet, or all draining): hold the request, wake the autoscaler.
-            self._start_wake(model.view.key)
+            self._waker.start(model.view.key, self._needs_wake)
             self._metrics.queue_depth.labels(*model.view.labels).set(len(model.queue) + 1)
             try:
                 await model.queue.wait(deadline_s - now_s)
@@ -401,17 +340,17 @@ class Fleet:
                 self._metrics.queue_depth.labels(*model.view.labels).set(len(model.queue))
             model = self._require(model.view.key)
 
-    def _lease(self, model: _Model, pick: Pick, hashes: Sequence[int]) -> Lease:
+    def _lease(self, model: _Model, pick: Pick, request: PickRequest) -> ReplicaLease:
         replica = model.replicas[pick.replica_id]
-        model.index.record(pick.replica_id, hashes)  # learn only after the pick
+        model.strategy.learn(pick, request)  # learn only after the pick
         replica.inflight += 1
         replica.waiting += 1
         self._metrics.prefix_match.observe(model.view.labels, pick.match_ratio)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("pick %s", pick.reason)
-        return Lease(model.view.key, pick.replica_id, replica.endpoint.url, pick, self, replica)
+        return ReplicaLease(model.view.key, pick.replica_id, replica.endpoint.url, pick, replica, self._release)
 
-    def _release(self, lease: Lease, outcome: str) -> None:
+    def _release(self, lease: ReplicaLease, outcome: str) -> None:
         if outcome == "ok":
             self._outliers.record_success(lease.replica_id)
         elif outcome == "failed":
@@ -425,39 +364,18 @@ class Fleet:
             raise ModelNotFoundError(f"model {model_name!r} is not served here")
         return model
 
-    # -- wake ------------------------------------------------------------------------------------
-
-    def _start_wake(self, key: str) -> None:
-        """Signal the autoscaler now, and again every ``wake_min_interval_s`` while requests wait."""
-        task = self._wake_tasks.get(key)
-        if task is not None and not task.done():
-            return
-        self._wake_tasks[key] = asyncio.get_running_loop().create_task(self._wake_loop(key))
-
-    def _needs_wake(self, key: str) -> DeploymentView | None:
+    def _needs_wake(self, key: str) -> tuple[str, str] | None:
+        """The deployment to wake: requests are held and no replica takes them (none, or all draining)."""
         model = self._models.get(key)
         if model is None or not len(model.queue):
             return None
         if any(not r.endpoint.draining for r in model.replicas.values()):
             return None
-        return model.view
-
-    async def _wake_loop(self, key: str) -> None:
-        await asyncio.sleep(0)  # let the request that started this enter the queue
-        while (view := self._needs_wake(key)) is not None:
-            try:
-                await asyncio.wait_for(self._wake.wake(view.namespace, view.name), self._settings.wake_timeout_s)
-            except (WakeError, TimeoutError) as e:
-                log.warning("wake signal for %s/%s failed: %s", view.namespace, view.name, e)
-            await asyncio.sleep(self._settings.wake_min_interval_s)
+        return model.view.namespace, model.view.name
 
     async def close(self) -> None:
         for model in self._models.values():
             for replica_id in list(model.subscriptions):
                 self._unsubscribe(model, replica_id)
         await asyncio.gather(*self._stopping, return_exceptions=True)
-        tasks = list(self._wake_tasks.values())
-        self._wake_tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._waker.close()

@@ -5,7 +5,7 @@ Per-model series carry ``namespace`` and ``model``: the deployment's namespace a
 for unknown models count under ``namespace="",model=""``), so a client cannot grow the label set by
 sending random model names.
 
-The per-request series (requests, retries, TTFT, prefix match) are plain counts in dicts, exported
+The per-request series (requests, retries, upstream timeouts, TTFT, prefix match) are plain counts in dicts, exported
 by a collector when scraped, instead of ``prometheus_client`` Counter and Histogram children: those
 take a lock and run the bucket search in Python on every update, ~4 us of the router's CPU per
 request under wrk (py-spy). The exposition (names, labels, buckets) is the same.
@@ -120,6 +120,13 @@ class RouterMetrics:
             "Attempts retried on another replica after failing before the first byte.",
             ["namespace", "model"],
         )
+        self.upstream_timeouts = CounterSeries(
+            "kvfleet_router_upstream_timeouts",
+            "Waits on a replica that ran out, by phase: pool (no connection came free within pool_wait_timeout_s: "
+            "503), connect (connect_timeout_s: tried elsewhere), head (no response headers within "
+            "idle_read_timeout_s: 504), body (silence within idle_read_timeout_s after the headers).",
+            ["namespace", "model", "phase"],
+        )
         self.placement_keyed = CounterSeries(
             "kvfleet_router_placement_keyed",
             "Picks whose prompt had a placement home (where its conversation or document starts was known).",
@@ -170,6 +177,7 @@ class RouterMetrics:
             self.ttft,
             self.prefix_match,
             self.retries,
+            self.upstream_timeouts,
             self.placement_keyed,
         ]
         self.registry.register(_SeriesCollector(self._series))

@@ -9,7 +9,7 @@ Contracts:
   in-flight requests priced in blocks of prefill each).
 - A ``Picker`` chooses one candidate given the weighted total scores.
 Nothing here does I/O or reads a clock: the fleet passes in each replica's counts and state, and
-records the pick in the prefix index only after this returns.
+calls ``Strategy.learn`` once the request is sent, so the prefix index learns only after the pick.
 
 Two load signals, each used where it measures what matters:
 - ``waiting``: requests sent and not yet answered with a first byte, i.e. queued or prefilling. A new
@@ -28,13 +28,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kvfleet.router.engine_caches import EngineCaches
 from kvfleet.router.placement import PlacementScorer
 from kvfleet.router.prefix_index import PrefixIndex
+from kvfleet.router.prefix_scorer import PrefixScorer
 from kvfleet.spec import RoutingSpec
+
+if TYPE_CHECKING:
+    from kvfleet.engine.tokenizer import ModelTokenizer
 
 
 # Named tuples, not dataclasses: three are built per routed request, and a tuple is ~4x cheaper to make.
@@ -157,33 +161,6 @@ class BoundedLoadFilter:
 
 
 @dataclass
-class PrefixScorer:
-    """Leading blocks of the prompt the replica holds, by the prefix index: blocks of prefill it saves.
-
-    Absolute blocks, not the matched fraction: moving a long conversation costs its whole history's
-    prefill, moving a short one little, and a fraction scores both alike. With ``caches`` and a
-    tokenized prompt, a replica whose KV-cache events are live is scored by what its engine reports
-    holding instead (``EngineCaches.matched``: in the same text-block unit).
-    """
-
-    index: PrefixIndex
-    caches: EngineCaches | None = None
-    name: str = "prefix"
-
-    def score(self, candidates: Sequence[Candidate], request: PickRequest) -> list[float]:
-        hashes = request.hashes
-        if not hashes:
-            return [0.0] * len(candidates)
-        matched = self.index.matched_blocks
-        tokens = request.engine_blocks
-        if self.caches is None or not tokens:
-            return [float(matched(c.replica_id, hashes)) for c in candidates]
-        engine = self.caches.matched
-        size, n = request.engine_block_size, len(hashes)
-        return [engine(c.replica_id, tokens, size, n, matched(c.replica_id, hashes)) for c in candidates]
-
-
-@dataclass
 class QueueScorer:
     """Minus the load a candidate has beyond the least-loaded candidate, in requests.
 
@@ -267,14 +244,18 @@ class RoundRobinPicker:
 
 @dataclass
 class Strategy:
-    """Filters, weighted scorers and a picker, run in that order."""
+    """Filters, weighted scorers and a picker, run in that order; ``prefix`` learns after each pick.
+
+    Every strategy keeps its deployment's prefix index learning through ``prefix`` (and reports each
+    pick's match with it), so a deployment that switches to the prefix strategy starts warm; only the
+    prefix strategy also scores with it.
+    """
 
     name: str
-    index: PrefixIndex
+    prefix: PrefixScorer
     filters: list[Filter]
     scorers: list[tuple[Scorer, float]]
     picker: Picker
-    notes: list[str] = field(default_factory=list)
 
     def pick(self, candidates: Sequence[Candidate], request: PickRequest) -> Pick | None:
         """The replica to send ``request`` to, or None when there is no candidate at all."""
@@ -301,8 +282,11 @@ class Strategy:
                 return self._pick(remaining[0], request, 0.0, dropped)
         # Lists aligned with ``remaining``, not dicts by replica id: this runs for every routed request.
         totals: list[float] | None = None
+        matched: list[float] | None = None  # the prefix scorer's index counts, when that is what it scored
         for scorer, weight in self.scorers:
             scores = scorer.score(remaining, request)
+            if scorer is self.prefix and not self.prefix.by_engine(request):
+                matched = scores
             if totals is None:
                 totals = [weight * s for s in scores]
             else:
@@ -310,12 +294,23 @@ class Strategy:
         if totals is None:
             totals = [0.0] * count
         chosen = self.picker.pick(remaining, totals)
-        return self._pick(chosen, request, totals[remaining.index(chosen)], dropped)
+        at = remaining.index(chosen)
+        return self._pick(chosen, request, totals[at], dropped, int(matched[at]) if matched is not None else None)
+
+    def learn(self, pick: Pick, request: PickRequest) -> None:
+        """Called once the request is sent to ``pick``'s replica: the prefix index learns it (never while scoring)."""
+        self.prefix.learn(pick.replica_id, request.hashes)
 
     def _pick(
-        self, chosen: Candidate, request: PickRequest, score: float, dropped: list[tuple[str, tuple[str, ...]]]
+        self,
+        chosen: Candidate,
+        request: PickRequest,
+        score: float,
+        dropped: list[tuple[str, tuple[str, ...]]],
+        matched: int | None = None,
     ) -> Pick:
-        matched = self.index.matched_blocks(chosen.replica_id, request.hashes) if request.hashes else 0
+        if matched is None:  # not scored by the index (another strategy, the engines' caches, a single candidate)
+            matched = self.prefix.matched(chosen.replica_id, request.hashes)
         return Pick(
             chosen.replica_id,
             matched,
@@ -336,6 +331,9 @@ def build_strategy(
     placement: bool = False,
     load_bound_slack: int = 0,
     caches: EngineCaches | None = None,
+    model: str = "",
+    max_prompt_blocks: int = 2048,
+    tokenizer: ModelTokenizer | None = None,
 ) -> Strategy:
     """The strategy a deployment's ``spec.routing`` asks for.
 
@@ -344,21 +342,32 @@ def build_strategy(
     that several routers agree; it scores nothing for requests without a ``home_key``.
     ``load_bound_slack``: requests allowed over the load bound's cap (``BoundedLoadFilter.slack``).
     ``caches``: the model's replicas' KV-cache event views, read by the prefix strategy where live.
+    ``model``, ``max_prompt_blocks``: the served name that seeds the prompt's block hashes, and how many
+    blocks are hashed (``PrefixScorer.hashes``; the block size is ``routing.prefix_block_chars``).
+    ``tokenizer``: the model's, when its prompts are also cut into the engines' token blocks (KV events).
     """
     routable = RoutableFilter()
+    prefix = PrefixScorer(
+        index,
+        caches,
+        model=model,
+        block_chars=routing.prefix_block_chars,
+        max_blocks=max_prompt_blocks,
+        tokenizer=tokenizer,
+    )
     if routing.strategy == "round-robin":
-        return Strategy("round-robin", index, [routable], [], RoundRobinPicker())
+        return Strategy("round-robin", prefix, [routable], [], RoundRobinPicker())
     if routing.strategy == "least-load":
-        return Strategy("least-load", index, [routable], [(LoadScorer(), 1.0)], MaxScorePicker())
+        return Strategy("least-load", prefix, [routable], [(LoadScorer(), 1.0)], MaxScorePicker())
     scorers: list[tuple[Scorer, float]] = [
-        (PrefixScorer(index, caches), 1.0),
+        (prefix, 1.0),
         (QueueScorer(index, caches), load_penalty_blocks),
     ]
     if placement:
         scorers.append((PlacementScorer(index), 1.0))
     return Strategy(
         "prefix",
-        index,
+        prefix,
         [routable, BoundedLoadFilter(routing.load_imbalance_bound, load_bound_slack)],
         scorers,
         MaxScorePicker(),

@@ -87,7 +87,7 @@ class BlockChain(list[int]):
         self._text = text
         self._model = model
         self._block_chars = block_chars
-        # The prompt's token blocks as engines report them in KV-cache events (Fleet.attach_engine_blocks).
+        # The prompt's token blocks as engines report them in KV-cache events (PrefixScorer.engine_blocks_job).
         self.engine_blocks: list[int] | None = None
         self.engine_block_size = 0
 

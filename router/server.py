@@ -47,6 +47,7 @@ class RouterServer:
                 keepalive_timeout_s=settings.keepalive_timeout_s,
                 connect_timeout_s=settings.connect_timeout_s,
                 read_timeout_s=settings.idle_read_timeout_s,
+                pool_wait_timeout_s=settings.pool_wait_timeout_s,
             )
         )
         proxy = Proxy(settings, self.fleet, self.metrics, self._pool, clock=clock)

@@ -6,8 +6,6 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvfleet.spec import RoutingSpec
-
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1123 label
 
 
@@ -76,7 +74,17 @@ class RouterSettings(BaseModel):
         description="Longest silence from a replica (headers or body; prefill of a long prompt counts).",
     )
     pool_connections_per_replica: int = Field(
-        default=256, ge=1, le=10_000, description="Keep-alive connections held open per replica."
+        default=256, ge=1, le=10_000, description="Connections (in use and keep-alive) held open per replica."
+    )
+    pool_wait_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description=(
+            "Longest wait for a connection to the picked replica when all pool_connections_per_replica are in "
+            "use; then 503 upstream_busy with Retry-After. A few seconds: the replica is saturated by this "
+            "router alone, and a client told to retry does better than one held for the read timeout."
+        ),
     )
     keepalive_timeout_s: float = Field(
         default=30.0, gt=0, le=600, description="Idle keep-alive connections are closed after this."
@@ -280,9 +288,6 @@ class RouterSettings(BaseModel):
             "Namespaces whose models every client reaches when client_namespace_header is set (a platform "
             "team's shared models). Empty: each client reaches its own namespace's models only."
         ),
-    )
-    default_routing: RoutingSpec = Field(
-        default_factory=RoutingSpec, description="Routing for deployments whose source gives none."
     )
 
     @model_validator(mode="after")

@@ -7,8 +7,18 @@ This does only what a proxy needs: one write of the request, the response head, 
 it arrives (chunked framing decoded), with flow control, an idle read timeout, and connections
 returned to the pool only after a complete response.
 
-Errors (all ``UpstreamIOError``): ``UpstreamConnectError`` (nothing was sent), ``UpstreamClosedError``
-(the connection broke), ``UpstreamTimeoutError`` (the replica went silent for ``read_timeout_s``).
+Errors (all ``UpstreamIOError``), by how a request fails: ``UpstreamPoolTimeoutError`` (no pooled
+connection came free within ``pool_wait_timeout_s``: nothing was sent), ``UpstreamConnectError``
+(nothing was sent; ``UpstreamConnectTimeoutError`` when ``connect_timeout_s`` ran out),
+``UpstreamClosedError`` (the connection broke), ``UpstreamTimeoutError`` (the replica went silent for
+``read_timeout_s``). ``is_timeout`` marks the three that are a wait running out. The router maps them
+to its answers in one place (``kvfleet.router.forward.upstream_failure``).
+
+An ``UpstreamResponse`` is a context manager: leaving its block gives the connection back to the pool
+when the block ended normally (``release``) and closes it when it raised (``close``).
+
+One module over 400 lines on purpose: the connection, the response and the pool share private state
+(the pool's open count and waiters, the deadline sweep's waiting set) that splitting them would make public.
 """
 
 from __future__ import annotations
@@ -29,9 +39,24 @@ HIGH_WATER_BYTES = 256 * 1024
 class UpstreamIOError(Exception):
     """Talking to a replica failed."""
 
+    is_timeout = False  # a wait ran out (as opposed to a refusal or a broken connection)
+
+
+class UpstreamPoolTimeoutError(UpstreamIOError):
+    """Every connection the pool may hold to the replica stayed in use for ``pool_wait_timeout_s``:
+    nothing was sent."""
+
+    is_timeout = True
+
 
 class UpstreamConnectError(UpstreamIOError):
     """No connection could be made: nothing was sent."""
+
+
+class UpstreamConnectTimeoutError(UpstreamConnectError):
+    """The TCP (or TLS) connect took longer than ``connect_timeout_s``: nothing was sent."""
+
+    is_timeout = True
 
 
 class UpstreamClosedError(UpstreamIOError):
@@ -41,6 +66,8 @@ class UpstreamClosedError(UpstreamIOError):
 class UpstreamTimeoutError(UpstreamIOError):
     """The replica sent nothing for longer than the read timeout."""
 
+    is_timeout = True
+
 
 @dataclass(frozen=True)
 class PoolSettings:
@@ -48,6 +75,9 @@ class PoolSettings:
     keepalive_timeout_s: float
     connect_timeout_s: float
     read_timeout_s: float
+    # A request waits this long for a connection when all max_connections_per_origin are in use. The
+    # router passes RouterSettings.pool_wait_timeout_s; the default is for other users of the pool.
+    pool_wait_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -136,7 +166,9 @@ class _Connection(asyncio.Protocol):
 class UpstreamResponse:
     """A replica's answer: ``status``, ``reason`` and ``raw_headers`` once the head is in, then ``readany``.
 
-    Call ``release`` after reading to the end (the connection goes back to the pool) or ``close``.
+    Used as ``with response:``, it is released exactly once: on a normal exit ``release`` (a fully read
+    answer's connection goes back to the pool, an unfinished one is closed), on an exception ``close``
+    (the replica must see the request go away). ``release`` and ``close`` may also be called directly.
     It is also the httptools parser's callback object (the ``on_*`` methods).
     """
 
@@ -162,6 +194,15 @@ class UpstreamResponse:
         self._waiter: asyncio.Future[None] | None = None
         self.deadline_s = 0.0  # while waiting: when the idle read timeout fires (the pool's sweep checks)
         self._done = False
+
+    def __enter__(self) -> UpstreamResponse:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is None:
+            self.release()
+        else:
+            self.close()
 
     # -- httptools callbacks ---------------------------------------------------------------------
 
@@ -255,10 +296,6 @@ class UpstreamResponse:
         self._pool._watch(self)
         return waiter
 
-    async def head(self) -> None:
-        while not self._head_done:
-            await self.progress()
-
     async def readany(self) -> bytes:
         """The body bytes that have arrived (waiting for some), or b"" at the end of the body."""
         while not self._chunks:
@@ -318,7 +355,7 @@ class _OriginPool:
 
 class UpstreamPool:
     """Keep-alive connections per replica origin (scheme, host, port), at most ``max_connections_per_origin``
-    each; a request beyond that waits for a connection to come free (up to the read timeout)."""
+    each; a request beyond that waits for a connection to come free, at most ``pool_wait_timeout_s``."""
 
     def __init__(self, settings: PoolSettings) -> None:
         self._settings = settings
@@ -328,16 +365,6 @@ class UpstreamPool:
         self._waiting: set[UpstreamResponse] = set()
         self._deadline_sweep: asyncio.TimerHandle | None = None
         self._sweep_interval_s = min(1.0, max(0.01, settings.read_timeout_s / 10))
-
-    async def post(self, base_url: str, path_qs: str, headers: bytes, body: bytes) -> UpstreamResponse:
-        """``send``, then wait for the response head."""
-        response = await self.send(base_url, path_qs, headers, body)
-        try:
-            await response.head()
-        except BaseException:
-            response.close()
-            raise
-        return response
 
     async def send(self, base_url: str, path_qs: str, headers: bytes, body: bytes) -> UpstreamResponse:
         """Write ``POST base_url+path_qs`` with pre-rendered header lines; returns without waiting for the
@@ -417,6 +444,7 @@ class UpstreamPool:
 
     async def _acquire(self, pool: _OriginPool) -> _Connection:
         loop = asyncio.get_running_loop()
+        deadline_s: float | None = None  # one bound for the whole wait, however many wake-ups lose the race
         while True:
             conn = self._idle_connection(pool)
             if conn is not None:
@@ -429,12 +457,21 @@ class UpstreamPool:
                     pool.open -= 1
                     self._wake_one(pool)
                     raise
+            if deadline_s is None:
+                deadline_s = loop.time() + self._settings.pool_wait_timeout_s
             waiter = loop.create_future()
             pool.waiters.append(waiter)
             try:
-                await asyncio.wait_for(waiter, self._settings.read_timeout_s)
+                async with asyncio.timeout_at(deadline_s):
+                    await waiter
             except TimeoutError:
-                raise UpstreamTimeoutError("no connection to the replica came free in time") from None
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one(pool)  # a connection came free as the wait ran out: pass it on
+                origin = pool.origin
+                raise UpstreamPoolTimeoutError(
+                    f"all {self._settings.max_connections_per_origin} connections to {origin.host}:{origin.port} "
+                    f"stayed in use for {self._settings.pool_wait_timeout_s:g} s"
+                ) from None
             finally:
                 if waiter in pool.waiters:
                     pool.waiters.remove(waiter)
@@ -451,7 +488,7 @@ class UpstreamPool:
                     lambda: _Connection(pool), origin.host, origin.port, ssl=ssl_context
                 )
         except TimeoutError:
-            raise UpstreamConnectError(f"connect to {origin.host}:{origin.port} timed out") from None
+            raise UpstreamConnectTimeoutError(f"connect to {origin.host}:{origin.port} timed out") from None
         except OSError as e:
             raise UpstreamConnectError(f"connect to {origin.host}:{origin.port} failed: {e}") from e
         return conn

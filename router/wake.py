@@ -2,11 +2,14 @@
 
 Two implementations of one interface: ``HttpWakeSignal`` (``POST <autoscaler>/v1/wake``, see
 docs/contracts.md) and ``InProcessWakeSignal`` (local mode calls the autoscaler directly).
+``WakeRepeater`` sends it again while requests keep waiting.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
@@ -14,6 +17,8 @@ from typing import Protocol
 import aiohttp
 
 from kvfleet.wake_token import WakeToken
+
+log = logging.getLogger(__name__)
 
 
 class WakeError(Exception):
@@ -88,3 +93,42 @@ class HttpWakeSignal:
         if self._owns_session and self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class WakeRepeater:
+    """Sends a deployment's wake signal now, then every ``interval_s`` while ``needed(key)`` still names
+    it (requests held and no replica taking them): one task per deployment, gone when it is not needed.
+
+    A failed or slow signal (each bounded by ``timeout_s``) is logged and tried again next interval; it
+    never fails the held requests, which wait out their own queue deadline.
+    """
+
+    def __init__(self, signal: WakeSignal, *, interval_s: float, timeout_s: float) -> None:
+        self._signal = signal
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, key: str, needed: Callable[[str], tuple[str, str] | None]) -> None:
+        """Start repeating for ``key`` unless already; ``needed`` gives its (namespace, name) or None to stop."""
+        task = self._tasks.get(key)
+        if task is not None and not task.done():
+            return
+        self._tasks[key] = asyncio.get_running_loop().create_task(self._repeat(key, needed))
+
+    async def _repeat(self, key: str, needed: Callable[[str], tuple[str, str] | None]) -> None:
+        await asyncio.sleep(0)  # let the request that started this enter the queue
+        while (target := needed(key)) is not None:
+            namespace, name = target
+            try:
+                await asyncio.wait_for(self._signal.wake(namespace, name), self._timeout_s)
+            except (WakeError, TimeoutError) as e:
+                log.warning("wake signal for %s/%s failed: %s", namespace, name, e)
+            await asyncio.sleep(self._interval_s)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

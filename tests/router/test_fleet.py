@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from kvfleet.router.errors import ModelNotFoundError
+from kvfleet.router.errors import ModelNotFoundError, UpstreamAttemptError
 from kvfleet.router.fleet import Fleet
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.prompt import block_hashes
@@ -210,4 +210,35 @@ async def test_try_acquire_picks_without_waiting_and_never_holds_a_request() -> 
     assert fleet.try_acquire("m", []) is None and fleet.queue_depth("m") == 0
     with pytest.raises(ModelNotFoundError):
         fleet.try_acquire("unknown", [])
+    await fleet.close()
+
+
+async def test_a_lease_block_reports_its_outcome_by_how_it_ends() -> None:
+    fleet = Fleet(RouterSettings(eject_after_failures=2), NoWakeSignal(), RouterMetrics())
+    source = StaticReplicaSource()
+    source.set_deployment("m", routing=RoutingSpec(strategy="round-robin"))
+    source.add("m", "r0", "http://127.0.0.1:9000")
+    source.add("m", "r1", "http://127.0.0.1:9001")
+    await source.start(fleet)
+
+    def picks(n: int) -> set[str]:
+        chosen = set()
+        for _ in range(n):
+            with fleet.try_acquire("m", []) as lease:  # type: ignore[union-attr]
+                chosen.add(lease.replica_id)
+        return chosen
+
+    # The client leaving (or the router refusing) is no failure of the replica's: never ejected.
+    for _ in range(3):
+        with pytest.raises(asyncio.CancelledError), fleet.try_acquire("m", [], frozenset({"r1"})) as lease:  # type: ignore[union-attr]
+            assert lease.replica_id == "r0" and fleet.inflight("m")["r0"] == 1
+            raise asyncio.CancelledError
+    assert fleet.inflight("m") == fleet.waiting("m") == {"r0": 0, "r1": 0}
+    assert picks(4) == {"r0", "r1"}
+    # A ReplicaFailure leaving the block counts: two in a row eject r0, so only r1 is picked.
+    for _ in range(2):
+        with pytest.raises(UpstreamAttemptError), fleet.try_acquire("m", [], frozenset({"r1"})) as lease:  # type: ignore[union-attr]
+            raise UpstreamAttemptError(lease.replica_id, "refused")
+    assert fleet.inflight("m") == fleet.waiting("m") == {"r0": 0, "r1": 0}
+    assert picks(4) == {"r1"}
     await fleet.close()

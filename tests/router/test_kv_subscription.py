@@ -129,7 +129,9 @@ def held(fleet: Fleet, replica: str, tokens: list[int]) -> int:
 
 def pick(fleet: Fleet, body: dict[str, object]) -> str:
     hashes = block_hashes(render_prompt(body), model="m", block_chars=16, max_blocks=1000)
-    fleet.attach_engine_blocks("m", dict(body), hashes)
+    tokenize = fleet.engine_blocks_job("m", dict(body), hashes)
+    if tokenize is not None:
+        tokenize()
     lease = fleet.try_acquire("m", hashes)
     assert lease is not None
     lease.release("ok")

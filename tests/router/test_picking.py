@@ -279,3 +279,27 @@ def test_a_replica_that_joins_empty_gets_its_queue_level_not_every_arrival(
     assert counts["h"] == [to_new, to_new]
     if signal == "waiting":  # the other 8 arrivals: one each (4-10), then one more (12)
         assert sorted(n for r, (n, _) in counts.items() if r != "h") == [41] * 6 + [42]
+
+
+@pytest.mark.parametrize("strategy", ["prefix", "least-load", "round-robin"])
+def test_the_prefix_scorer_hashes_scores_and_learns_only_after_the_pick(strategy: str) -> None:
+    index = PrefixIndex(100)
+    routing = RoutingSpec(strategy=strategy, prefix_block_chars=4)
+    chosen = build_strategy(routing, index, load_penalty_blocks=4.0, model="m", max_prompt_blocks=2)
+    # Whole 4-char blocks chained over the model name, at most max_prompt_blocks of them.
+    prompt = chosen.prefix.hashes({"model": "m", "prompt": "SSSSaaaabbbbcc"})
+    assert prompt == block_hashes("SSSSaaaabbbbcc", model="m", block_chars=4, max_blocks=2) == hashes("SSSSaaaa")
+    chat = chosen.prefix.hashes({"messages": [{"role": "user", "content": "hi"}]})
+    assert chat == block_hashes("<|user|>\nhi<|end|>\n", model="m", block_chars=4, max_blocks=2)
+    request = PickRequest(prompt)
+    first = chosen.pick(cands(a=0, b=0), request)
+    assert first is not None and first.matched_blocks == 0
+    assert index.entries() == 0, "scoring and picking never teach the index"
+    chosen.learn(first, request)
+    assert index.matched_blocks(first.replica_id, prompt) == 2
+    again = chosen.pick(cands(a=0, b=0), request)
+    assert again is not None
+    if strategy == "prefix":  # the holder wins, and the match comes from the scorer's own count
+        assert again.replica_id == first.replica_id and again.matched_blocks == 2 and again.match_ratio == 1.0
+    else:  # the other strategies do not score prefixes but report the pick's match the same way
+        assert again.matched_blocks == index.matched_blocks(again.replica_id, prompt)

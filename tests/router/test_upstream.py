@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 
@@ -14,6 +14,7 @@ from kvfleet.router.upstream import (
     UpstreamClosedError,
     UpstreamConnectError,
     UpstreamPool,
+    UpstreamResponse,
     UpstreamTimeoutError,
 )
 from tests.conftest import pick_free_port
@@ -75,12 +76,32 @@ def settings(**overrides: float) -> PoolSettings:
     )
 
 
+async def send_for_head(
+    pool: UpstreamPool, url: str, path_qs: str = "/", headers: bytes = b"", body: bytes = b"{}"
+) -> UpstreamResponse:
+    """Send, then wait for the response head (as the proxy does before it reads the body)."""
+    response = await pool.send(url, path_qs, headers, body)
+    with response_closed_on_error(response):
+        while not response.head_done:
+            await response.progress()
+    return response
+
+
+@contextmanager
+def response_closed_on_error(response: UpstreamResponse) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        response.close()
+        raise
+
+
 async def read_all(pool: UpstreamPool, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
-    response = await pool.post(url, "/v1/completions?x=1", b"Content-Type: application/json\r\n", body)
     parts = []
-    while chunk := await response.readany():
-        parts.append(chunk)
-    response.release()
+    # The block releases the response: its connection goes back to the pool once read to the end.
+    with await send_for_head(pool, url, "/v1/completions?x=1", b"Content-Type: application/json\r\n", body) as response:
+        while chunk := await response.readany():
+            parts.append(chunk)
     return response.status, b"".join(parts)
 
 
@@ -120,11 +141,10 @@ async def test_chunked_body_is_decoded_and_read_until_close_body_ends_at_the_clo
     pool = UpstreamPool(settings())
     try:
         async with raw_server(chunked) as (server, url):
-            response = await pool.post(url, "/", b"", b"{}")
-            assert response.content_type == "text/event-stream"
-            got = [await response.readany(), await response.readany(), await response.readany()]
-            assert got == [b"data: 1\n\n", b"data: 2\n\n", b""] and response.at_eof()
-            response.release()
+            with await send_for_head(pool, url) as response:
+                assert response.content_type == "text/event-stream"
+                got = [await response.readany(), await response.readany(), await response.readany()]
+                assert got == [b"data: 1\n\n", b"data: 2\n\n", b""] and response.at_eof()
         async with raw_server(until_close) as (server, url):
             assert await read_all(pool, url) == (200, b"all of it")
             assert await read_all(pool, url) == (200, b"all of it")
@@ -142,7 +162,7 @@ async def test_a_body_cut_short_is_an_error_not_a_clean_end() -> None:
     async with raw_server(short) as (_, url):
         pool = UpstreamPool(settings())
         try:
-            response = await pool.post(url, "/", b"", b"{}")
+            response = await send_for_head(pool, url)
             assert await response.readany() == b"only this"
             with pytest.raises(UpstreamClosedError):
                 await response.readany()
@@ -159,9 +179,9 @@ async def test_silence_times_out_and_a_refused_connect_is_a_connect_error() -> N
     try:
         async with raw_server(silent) as (_, url):
             with pytest.raises(UpstreamTimeoutError):
-                await pool.post(url, "/", b"", b"{}")
+                await send_for_head(pool, url)
         with pytest.raises(UpstreamConnectError):
-            await pool.post(f"http://127.0.0.1:{pick_free_port()}", "/", b"", b"{}")
+            await send_for_head(pool, f"http://127.0.0.1:{pick_free_port()}")
     finally:
         await pool.close()
 
@@ -190,6 +210,25 @@ async def test_pool_bound_makes_requests_wait_and_idle_connections_are_closed_af
                 await asyncio.sleep(0.05)
             assert server.closed == 1
             assert await read_all(pool, url) == (200, b'{"ok":true}')  # and a new one is opened
+            assert server.connections == 2
+        finally:
+            await pool.close()
+
+
+async def test_a_response_block_that_raises_closes_its_connection_and_a_normal_one_reuses_it() -> None:
+    async with raw_server(answer_json) as (server, url):
+        pool = UpstreamPool(settings())
+        try:
+            with pytest.raises(RuntimeError), await send_for_head(pool, url) as response:
+                assert response.status == 200
+                raise RuntimeError("the client went away")  # mid-read: the replica must see the request go
+            for _ in range(50):
+                if server.closed:
+                    break
+                await asyncio.sleep(0.01)
+            assert server.closed == 1
+            assert await read_all(pool, url) == (200, b'{"ok":true}')  # a new connection, kept after a clean end
+            assert await read_all(pool, url) == (200, b'{"ok":true}')
             assert server.connections == 2
         finally:
             await pool.close()
