@@ -159,8 +159,9 @@ class EngineCore:
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
         sampled = self.runner.execute(sched.chunks)
         self.scheduler.after_step(sched.chunks)
-        self.total_prefill_computed_tokens += sched.computed_prompt_tokens
-        self.metrics.record_prefill(sched.computed_prompt_tokens)
+        computed_prompt_tokens = sched.computed_prompt_tokens
+        self.total_prefill_computed_tokens += computed_prompt_tokens
+        self.metrics.record_prefill(computed_prompt_tokens)
         now = self.clock()
         return [self._append_token(seq, token, now) for seq, token in sampled]
 

@@ -1,5 +1,6 @@
 """The vLLM-compatible HTTP server: OpenAI completions and chat completions (with SSE), models,
-health and Prometheus metrics. Engine errors are translated to HTTP statuses here, once."""
+health and Prometheus metrics. Engine errors are translated to HTTP statuses here, once. The
+process around it (listen, load, drain on SIGTERM) is ``lifecycle.py``."""
 
 from __future__ import annotations
 
