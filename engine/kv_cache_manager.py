@@ -82,16 +82,21 @@ class KVCacheManager:
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] | None = None) -> bool:
         """Give the sequence slots for ``num_new_tokens`` past its computed tokens. ``computed_blocks``:
         admission, its table becomes those shared cached blocks plus new ones. False, changing
-        nothing, when the pool has too few free blocks."""
-        if self.blocks_needed(seq, num_new_tokens, computed_blocks) > self.pool.num_free:
-            return False
-        if computed_blocks is None:
-            seq.block_table.extend(self.pool.allocate(self.blocks_needed(seq, num_new_tokens)))
+        nothing, when the pool has too few free blocks (``blocks_needed`` says how many it wanted)."""
+        bs, pool = self.block_size_tokens, self.pool
+        if computed_blocks is None:  # every running sequence, every step: the short path
+            need = blocks_for_tokens(seq.num_computed_tokens + num_new_tokens, bs) - len(seq.block_table)
+            if need <= 0:
+                return True
+            if need > pool.num_free:
+                return False
+            seq.block_table.extend(pool.allocate(need))
             return True
-        bs = self.block_size_tokens
         new = blocks_for_tokens(len(computed_blocks) * bs + num_new_tokens, bs) - len(computed_blocks)
-        self.pool.share(computed_blocks)
-        seq.block_table = [*computed_blocks, *self.pool.allocate(new)]
+        if new + pool.free_needed_to_share(computed_blocks) > pool.num_free:
+            return False
+        pool.share(computed_blocks)
+        seq.block_table = [*computed_blocks, *pool.allocate(new)]
         seq.num_registered_blocks = len(computed_blocks)
         return True
 
