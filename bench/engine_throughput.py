@@ -350,7 +350,7 @@ def decode_step_s(core: Any, batch_size: int, context_tokens: int) -> float:
         logits_rows=torch.arange(batch_size, device=dev),
     )
     start = time.perf_counter()
-    core.model.forward(batch, core.k_pools, core.v_pools)
+    core.runner.forward(batch)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return time.perf_counter() - start

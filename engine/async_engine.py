@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvfleet.engine.engine_core import EngineCore, EngineRequest, RequestOutput
+from kvfleet.engine.engine_core import EngineCore
 from kvfleet.engine.errors import EngineDeadError, EngineError, OverloadedError
+from kvfleet.engine.request import EngineRequest, RequestOutput
 from kvfleet.engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,7 @@
-"""``kvfleet engine``: serve a model, or build a tiny random-weight one."""
+"""``kvfleet engine``'s own commands: serve a model, or build a tiny random-weight one.
+
+The engine images' ``kvfleet engine launch`` joins this group in ``kvfleet.engine_image.launch_cli``:
+the launcher may import the engine, never the reverse (the engine is a leaf)."""
 
 from __future__ import annotations
 
@@ -147,11 +150,11 @@ def serve(
     kv_events_config: str | None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
-    from kvfleet.extras import require_engine_extra
+    from kvfleet.engine.extras import require_engine_extra
 
     require_engine_extra("kvfleet engine serve")
     from kvfleet.engine.kv_events import KVEventsConfig
-    from kvfleet.engine.server import serve as run_server
+    from kvfleet.engine.lifecycle import serve as run_server
     from kvfleet.engine.settings import EngineSettings, ServerSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -219,7 +222,7 @@ def make_tiny_model_command(
     overwrite: bool,
 ) -> None:
     """Write a random-weight Llama model with a locally trained tokenizer to PATH."""
-    from kvfleet.extras import require_engine_extra
+    from kvfleet.engine.extras import require_engine_extra
 
     require_engine_extra("kvfleet engine make-tiny-model")
     from kvfleet.engine.tiny_model import make_tiny_model
@@ -242,10 +245,3 @@ def make_tiny_model_command(
     except (ValueError, FileExistsError) as e:
         raise click.UsageError(str(e)) from e
     click.echo(f"wrote {out}")
-
-
-# The engine images' entrypoint lives with the images (kvfleet.engine_image); it is a command of
-# this group so pods run `kvfleet engine launch`. Importing it costs only click.
-from kvfleet.engine_image.launch_cli import launch  # noqa: E402
-
-engine.add_command(launch)

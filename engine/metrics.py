@@ -1,11 +1,20 @@
 """Prometheus metrics with vLLM's names and a ``model_name`` label, so the router, the autoscaler
-and dashboards read the reference engine and vLLM alike. Each server gets its own registry."""
+and dashboards read the reference engine and vLLM alike. Each server gets its own registry.
+
+``EngineMetrics`` holds the families and the few ``record_*`` calls through which an engine step
+moves them (scheduling, tokens, finishes, load), so the step itself names no metric."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvfleet import contracts
+
+if TYPE_CHECKING:
+    from kvfleet.engine.scheduler import SchedulerOutput
+    from kvfleet.engine.sequence import Sequence
 
 # vLLM's bucket edges, so histogram_quantile() gives comparable answers across engines.
 TTFT_BUCKETS_S = (
@@ -132,3 +141,42 @@ class EngineMetrics:
             c.labels(model_name)  # present at 0 before the first request
         for h in (self.time_to_first_token, self.inter_token_latency, self.e2e_request_latency):
             h.labels(model_name)
+
+    # -- what an engine step records ------------------------------------------------------------
+    def record_schedule(self, sched: SchedulerOutput) -> None:
+        """A step's scheduling: its preemptions and its admissions' prefix-cache lookups (tokens)."""
+        name = self.model_name
+        if sched.preempted:
+            self.num_preemptions.labels(name).inc(len(sched.preempted))
+        self.prefix_cache_queries.labels(name).inc(sched.prefix_queries_tokens)
+        self.prefix_cache_hits.labels(name).inc(sched.prefix_hits_tokens)
+
+    def record_prefill(self, computed_tokens: int) -> None:
+        self.prefill_computed_tokens.labels(self.model_name).inc(computed_tokens)
+
+    def record_token(self, seq: Sequence, now_s: float) -> None:
+        """One generated token: the prompt counted once, TTFT or inter-token latency; moves the
+        sequence's token timestamps (they exist for these histograms only)."""
+        name = self.model_name
+        if not seq.prompt_counted:
+            seq.prompt_counted = True
+            self.prompt_tokens.labels(name).inc(seq.num_prompt_tokens)
+        if seq.first_token_time_s is None:
+            seq.first_token_time_s = now_s
+            self.time_to_first_token.labels(name).observe(max(0.0, now_s - seq.arrival_time_s))
+        elif seq.last_token_time_s is not None:
+            self.inter_token_latency.labels(name).observe(max(0.0, now_s - seq.last_token_time_s))
+        seq.last_token_time_s = now_s
+        self.generation_tokens.labels(name).inc()
+
+    def record_finish(self, reason: str, e2e_s: float | None) -> None:
+        """A finished request; ``e2e_s`` None for an abort, whose latency says nothing about serving."""
+        self.request_success.labels(self.model_name, reason).inc()
+        if e2e_s is not None:
+            self.e2e_request_latency.labels(self.model_name).observe(max(0.0, e2e_s))
+
+    def set_load(self, *, running: int, waiting: int, kv_cache_usage: float) -> None:
+        name = self.model_name
+        self.num_requests_running.labels(name).set(running)
+        self.num_requests_waiting.labels(name).set(waiting)
+        self.kv_cache_usage_perc.labels(name).set(kv_cache_usage)

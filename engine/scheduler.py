@@ -14,13 +14,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvfleet.engine.block_pool import BlockPool, blocks_for_tokens, chain_block_hashes
+from kvfleet.engine.kv_cache_manager import KVCacheManager
 from kvfleet.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    block_size_tokens: int
     max_num_seqs: int
     max_num_batched_tokens: int
 
@@ -52,12 +51,18 @@ class SchedulerOutput:
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
 
+    @property
+    def computed_prompt_tokens(self) -> int:
+        """Prompt tokens this step runs through the model (prefix-cache hits are not among them)."""
+        return sum(max(0, min(c.start + c.num_tokens, c.seq.num_prompt_tokens) - c.start) for c in self.chunks)
+
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: BlockPool, hash_seed: bytes) -> None:
+    """Which sequences run each step; their KV blocks only through ``kv_cache``."""
+
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager) -> None:
         self.config = config
-        self.pool = pool
-        self.hash_seed = hash_seed
+        self.kv_cache = kv_cache
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -67,63 +72,43 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _update_hashes(self, seq: Sequence) -> None:
-        bs = self.config.block_size_tokens
-        known = len(seq.block_hashes)
-        if seq.num_tokens // bs > known:
-            parent = seq.block_hashes[-1] if seq.block_hashes else self.hash_seed
-            seq.block_hashes.extend(chain_block_hashes(parent, seq.token_ids[known * bs :], bs))
-
-    def _preempt(self, seq: Sequence, reason: str, out: SchedulerOutput) -> None:
-        self.running.remove(seq)
-        self.pool.release(seq.block_table)
-        seq.block_table = []
-        seq.num_computed_tokens = 0
-        seq.num_registered_blocks = 0
-        seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
-        out.preempted.append(Preemption(seq.request_id, reason))
-
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        bs = self.config.block_size_tokens
-        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:  # when memory is short, admitting more now would only thrash
+            self._admit_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Running sequences in admission order, preempting the newest when blocks run out; the budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             start = seq.num_computed_tokens
             n = min(seq.num_tokens - start, budget)
-            need = blocks_for_tokens(start + n, bs) - len(seq.block_table)
-            while need > self.pool.num_free and seq in self.running:
+            while not self.kv_cache.allocate_slots(seq, n):
                 victim = self.running[-1]
-                self._preempt(
-                    victim, f"KV pool full: {seq.request_id} needs {need} blocks, {self.pool.num_free} free", out
-                )
-            if seq not in self.running:
-                break  # seq itself was the newest and got preempted; nothing after it is left
-            if need > 0:
-                seq.block_table.extend(self.pool.allocate(need))
+                need, free = self.kv_cache.blocks_needed(seq, n), self.kv_cache.num_free_blocks
+                self._preempt(victim, f"KV pool full: {seq.request_id} needs {need} blocks, {free} free", out)
+                if victim is seq:
+                    return budget  # seq itself was the newest; nothing after it is left
             out.chunks.append(ScheduledChunk(seq, start, n, start + n == seq.num_tokens))
             budget -= n
             i += 1
-        if out.preempted:
-            return out  # memory is short: admitting more now would only thrash
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Waiting sequences in order, each starting after its cached prefix, while the budget, the
+        running bound and the pool allow."""
+        bs = self.kv_cache.block_size_tokens
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            self._update_hashes(seq)
-            # Always compute at least the last token: its logits give the first new token.
-            max_hit_blocks = (seq.num_tokens - 1) // bs
-            hits = self.pool.match_prefix(seq.block_hashes[:max_hit_blocks])
+            hits = self.kv_cache.get_computed_blocks(seq)
             start = len(hits) * bs
             n = min(seq.num_tokens - start, budget)
-            need = blocks_for_tokens(start + n, bs) - len(hits)
-            if need + self.pool.free_needed_to_share(hits) > self.pool.num_free:
+            if not self.kv_cache.allocate_slots(seq, n, computed_blocks=hits):
                 break  # waits for running sequences to finish
-            self.pool.share(hits)
-            seq.block_table = hits + self.pool.allocate(need)
             seq.num_computed_tokens = start
-            seq.num_registered_blocks = len(hits)
             seq.status = SequenceStatus.RUNNING
             if seq.num_preemptions == 0:
                 out.prefix_queries_tokens += seq.num_tokens
@@ -133,22 +118,21 @@ class Scheduler:
             self.running.append(seq)
             out.chunks.append(ScheduledChunk(seq, start, n, start + n == seq.num_tokens))
             budget -= n
-        return out
+
+    def _preempt(self, seq: Sequence, reason: str, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.kv_cache.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(Preemption(seq.request_id, reason))
 
     def after_step(self, chunks: list[ScheduledChunk]) -> None:
         """Advance computed counts and make newly full, computed blocks findable in the prefix cache."""
-        bs = self.config.block_size_tokens
         for chunk in chunks:
-            seq = chunk.seq
-            seq.num_computed_tokens = chunk.start + chunk.num_tokens
-            full = seq.num_computed_tokens // bs
-            if full > seq.num_registered_blocks:
-                self._update_hashes(seq)
-                hashes = seq.block_hashes
-                for b in range(seq.num_registered_blocks, full):
-                    parent = hashes[b - 1] if b else None
-                    self.pool.register(seq.block_table[b], hashes[b], parent, seq.token_ids[b * bs : (b + 1) * bs])
-                seq.num_registered_blocks = full
+            chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            self.kv_cache.cache_computed_blocks(chunk.seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Remove a sequence (finished or aborted) and release its blocks."""
@@ -156,7 +140,6 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.pool.release(seq.block_table)
-        seq.block_table = []
+        self.kv_cache.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

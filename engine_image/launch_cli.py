@@ -1,7 +1,7 @@
-"""``kvfleet engine launch``: the entrypoint of the engine images.
+"""``kvfleet engine launch``: the entrypoint of the engine images, and the ``kvfleet engine`` group
+that joins it to the engine's own commands (the launcher imports the engine, never the reverse).
 
-Kept light at import time (click only): the ``engine`` command group imports it on every
-``kvfleet engine ...`` call.
+Kept light at import time (click only): every ``kvfleet engine ...`` call imports it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from kvfleet import contracts
+from kvfleet.engine.cli import engine as engine_commands
 
 
 @click.command("launch")
@@ -64,6 +65,13 @@ def launch(
             ready_timeout_s=ready_timeout_s,
         )
     )
+
+
+engine = click.Group(
+    "engine",
+    commands=[*engine_commands.commands.values(), launch],
+    help="The reference engine (CPU/CUDA): serve a model with the vLLM-compatible API; launch an engine pod.",
+)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,12 @@ LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "cache": ("kvfleet.weight_cache.cli:cache", "Populate and pull models through the S3 weight cache."),
     "artifacts": ("kvfleet.weight_cache.cli:artifacts", "Push and pull fingerprinted engine artifacts."),
     "router": ("kvfleet.router.cli:router", "Run the OpenAI-compatible, prefix-aware router."),
-    "engine": ("kvfleet.engine.cli:engine", "Serve a model with the reference engine, or build a tiny test model."),
+    # The engine's own commands plus the images' `launch`, joined where the launcher lives (it may
+    # import the engine; the engine imports no other component).
+    "engine": (
+        "kvfleet.engine_image.launch_cli:engine",
+        "Serve a model with the reference engine, or build a tiny test model.",
+    ),
     "local": ("kvfleet.local.cli:local", "Run deployments on this machine: engines, router, autoscaler."),
     "dev": ("kvfleet.devcluster.cli:dev", "A local Kubernetes control plane with fake GPU nodes (no Docker)."),
 }

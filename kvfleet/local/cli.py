@@ -54,7 +54,7 @@ def up(
     tick_s: float,
 ) -> None:
     """Serve the manifests' deployments at http://HOST:PORT/v1 until Ctrl-C (a second Ctrl-C forces)."""
-    from kvfleet.extras import require_engine_extra
+    from kvfleet.engine.extras import require_engine_extra
 
     # Local engines are reference-engine processes: say what to install before starting anything.
     require_engine_extra("kvfleet local up")

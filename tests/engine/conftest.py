@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvfleet.engine.engine_core import EngineCore, EngineRequest, RequestOutput, load_engine_core
+from kvfleet.engine.engine_core import EngineCore, load_engine_core
+from kvfleet.engine.request import EngineRequest, RequestOutput
 from kvfleet.engine.sampling import SamplingParams
 from kvfleet.engine.settings import EngineSettings
 from kvfleet.engine.tiny_model import make_tiny_model

@@ -21,7 +21,8 @@ from kvfleet.engine.compile_cache import (
     compile_identity,
 )
 from kvfleet.engine.compiled_forward import bucket_for
-from kvfleet.engine.engine_core import EngineCore, EngineRequest
+from kvfleet.engine.engine_core import EngineCore
+from kvfleet.engine.request import EngineRequest
 from kvfleet.engine.sampling import SamplingParams
 from kvfleet.engine.settings import EngineSettings
 
@@ -109,8 +110,8 @@ def test_static_buckets_match_eager_and_the_second_start_hits_the_cache(tmp_path
     for core in (eager, first):
         core.add_request(EngineRequest("p", [5], GREEDY, 0.0))
         chunks = core.scheduler.schedule().chunks
-        batch, _ = core._build_batch(chunks)
-        batch_logits.append(core.model.forward(batch, core.k_pools, core.v_pools))
+        batch, _ = core.runner.build_batch(chunks)
+        batch_logits.append(core.runner.forward(batch))
     assert batch_logits[1].shape == batch_logits[0].shape == (1, core.model.config.vocab_size)
     torch.testing.assert_close(batch_logits[1], batch_logits[0], rtol=1e-4, atol=1e-4)
 

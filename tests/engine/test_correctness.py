@@ -32,7 +32,7 @@ def test_eight_concurrent_batched_paged_match_unpaged_oracle(
     got = run_to_completion(core, prompts, GREEDY)
     for request_id, prompt in prompts.items():
         assert got[request_id] == oracle(prompt, GREEDY.max_tokens), request_id
-    assert core.pool.usage() == 0.0, "finished sequences hold no blocks"
+    assert core.kv_cache.pool.usage() == 0.0, "finished sequences hold no blocks"
 
 
 @pytest.mark.slow
@@ -78,10 +78,10 @@ def test_tiny_pool_forces_preemption_and_outputs_still_match(
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     got = run_to_completion(core, prompts, params)
     assert core.metrics.num_preemptions.labels("tiny")._value.get() > 0, "the pool was meant to be too small"
-    assert core.pool.num_evictions > 0
+    assert core.kv_cache.pool.num_evictions > 0
     for request_id, prompt in prompts.items():
         assert got[request_id] == oracle(prompt, params.max_tokens), request_id
-    assert core.pool.usage() == 0.0
+    assert core.kv_cache.pool.usage() == 0.0
 
 
 def test_without_prefix_caching_nothing_is_shared(tiny_model_dir: Path) -> None:
@@ -102,6 +102,6 @@ def test_stop_token_ids_and_eos_end_the_sequence(tiny_model_dir: Path) -> None:
         core, {"b": prompt}, SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop_at,), ignore_eos=True)
     )["b"]
     assert stopped == free[: first + 1], "generation ends at (and includes) the stop token id"
-    core.eos_ids = frozenset({stop_at})  # treat that token as EOS for this engine
+    core.outputs.eos_ids = frozenset({stop_at})  # treat that token as EOS for this engine
     eos = run_to_completion(core, {"c": prompt}, SamplingParams(max_tokens=12, temperature=0.0))["c"]
     assert eos == free[: first + 1]

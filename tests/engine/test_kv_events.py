@@ -98,7 +98,7 @@ def test_subscriber_view_matches_the_pool_through_evictions(tiny_model_dir: Path
         run_to_completion(core, {"a": first}, params)
         assert _drain(sub, view, check)[0] == "first"
         assert view.matched_blocks(token_block_hashes(first, 4)) == 5
-        assert len(view) == core.pool.num_cached
+        assert len(view) == core.kv_cache.pool.num_cached
         # Shares block 0 with the first; its own blocks follow.
         second = [*first[:4], *range(100, 120)]
         run_to_completion(core, {"b": second}, params)
@@ -108,12 +108,12 @@ def test_subscriber_view_matches_the_pool_through_evictions(tiny_model_dir: Path
         run_to_completion(core, {"c": third}, params)
         kinds = _drain(sub, view, check)
         assert set(kinds) == {"ok"}, "no batch lost or repeated"
-        assert core.pool.num_evictions > 0
+        assert core.kv_cache.pool.num_evictions > 0
         assert view.matched_blocks(token_block_hashes(third, 4)) == 10
         assert view.matched_blocks(token_block_hashes(first, 4)) < 5, "evicted blocks left the view"
-        assert len(view) == core.pool.num_cached
+        assert len(view) == core.kv_cache.pool.num_cached
         for prompt in (first, second, third):
-            engine_held = len(core.pool.match_prefix(chain_block_hashes(core.scheduler.hash_seed, prompt, 4)))
+            engine_held = len(core.kv_cache.pool.match_prefix(chain_block_hashes(core.kv_cache.hash_seed, prompt, 4)))
             assert view.matched_blocks(token_block_hashes(prompt, 4)) == engine_held
         assert core.events is not None and core.events.dropped_batches == 0
     finally:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from kvfleet.engine.block_pool import BlockPool, root_hash
+from kvfleet.engine.kv_cache_manager import KVCacheManager
 from kvfleet.engine.sampling import SamplingParams
 from kvfleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvfleet.engine.sequence import Sequence, SequenceStatus
 
 
 def make(num_blocks: int, block: int = 4, seqs: int = 8, budget: int = 8) -> Scheduler:
-    return Scheduler(SchedulerConfig(block, seqs, budget), BlockPool(num_blocks), root_hash("t"))
+    return Scheduler(SchedulerConfig(seqs, budget), KVCacheManager(BlockPool(num_blocks), block, root_hash("t")))
 
 
 def seq(request_id: str, prompt_len: int, first_token: int = 1) -> Sequence:
@@ -67,7 +68,7 @@ def test_out_of_blocks_preempts_the_newest_and_it_resumes_later() -> None:
     s.add(a)
     s.add(b)
     step(s)  # both prefilled: 2 blocks each (8 slots), 7 tokens computed, 1 sampled
-    assert s.pool.num_free == 0
+    assert s.kv_cache.pool.num_free == 0
     assert plan(step(s)) == [("a", 7, 1), ("b", 7, 1)]  # position 7 still fits in block 2
     out = step(s)  # a's position 8 needs a third block: b (the newest) is preempted
     assert [p.request_id for p in out.preempted] == ["b"]

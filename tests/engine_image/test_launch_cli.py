@@ -57,3 +57,22 @@ def test_missing_spec_file(tmp_path: Path) -> None:
     assert result.returncode == 2
     (line,) = failure_lines(result.stderr)
     assert "cannot read" in line and "absent.json" in line
+
+
+def test_the_images_entrypoint_sits_beside_the_engines_own_commands(tmp_path: Path) -> None:
+    """`kvfleet engine launch` (the pods' entrypoint) reaches the launcher through the top-level CLI,
+    beside `serve` and `make-tiny-model`, though the engine package does not import the launcher."""
+    kvfleet = [sys.executable, "-c", "from kvfleet.cli import main; main()"]
+    listed = subprocess.run([*kvfleet, "engine", "--help"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    commands = listed.stdout.split("Commands:")[1].split()
+    assert {"launch", "serve", "make-tiny-model"} <= set(commands)
+    result = subprocess.run(
+        [*kvfleet, "engine", "launch", "--spec", str(tmp_path / "absent.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    (line,) = failure_lines(result.stderr)
+    assert "cannot read" in line and "absent.json" in line

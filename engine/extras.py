@@ -1,6 +1,7 @@
-"""Optional parts of the distribution: the reference engine's packages live in the ``engine``
-extra, so the control plane installs without torch. Commands that need them check first and say
-how to install them, instead of failing deep in an import."""
+"""The reference engine's own packages (torch, ...) live in the distribution's ``engine`` extra, so
+the control plane installs without torch. Commands that need them (``kvfleet engine serve``,
+``kvfleet local up``) check first and say how to install them, instead of failing deep in an
+import. Imports nothing but click and the standard library: callers run it before torch exists."""
 
 from __future__ import annotations
 
