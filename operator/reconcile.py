@@ -137,6 +137,33 @@ class Reconciler:
         async with self._lock((namespace, name)):
             return await self._reconcile(namespace, name, claimants)
 
+    async def _not_applied(
+        self,
+        body: dict[str, Any],
+        name: str,
+        deployment_live: dict[str, Any] | None,
+        outcome: Outcome,
+        replica_reason: str,
+    ) -> Outcome:
+        """Status for a spec nothing was rendered or applied for (invalid, refused by policy, or its
+        served name held by an older claimant): the children keep doing what they did."""
+        observed = Observed(
+            generation=body["metadata"].get("generation"),
+            desired_replicas=None,
+            replica_reason=replica_reason,
+            autoscaling=False,
+            deployment=DeploymentObservation.from_object(deployment_live) if deployment_live else None,
+            invalid_spec=outcome.invalid,
+            apply_error=None,
+            endpoint=self._settings.router_endpoint,
+            selector=names.selector_string(name),
+            measured_cold_start_s=None,
+            policy_violation=outcome.refused,
+            name_conflict=outcome.conflict,
+        )
+        await self._write_status(body, observed, body.get("status") or {}, outcome)
+        return outcome
+
     async def _reconcile(self, namespace: str, name: str, claimants: Claimants | None) -> Outcome:
         outcome = Outcome()
         # Read the object afresh: a handler's body can lag behind our own last status write, and
@@ -159,21 +186,8 @@ class Reconciler:
                 outcome.refused = "; ".join(str(v) for v in refused)
             else:
                 outcome.invalid = "; ".join(str(p) for p in problems) or "spec is missing"
-            observed = Observed(
-                generation=generation,
-                desired_replicas=None,
-                replica_reason="spec is refused by the platform policy" if refused else "spec is invalid",
-                autoscaling=False,
-                deployment=DeploymentObservation.from_object(deployment_live) if deployment_live else None,
-                invalid_spec=outcome.invalid,
-                apply_error=None,
-                endpoint=self._settings.router_endpoint,
-                selector=names.selector_string(name),
-                measured_cold_start_s=None,
-                policy_violation=outcome.refused,
-            )
-            await self._write_status(body, observed, live_status, outcome)
-            return outcome
+            reason = "spec is refused by the platform policy" if refused else "spec is invalid"
+            return await self._not_applied(body, name, deployment_live, outcome, reason)
 
         if claimants is not None:
             served = spec.served_name(name)
@@ -182,21 +196,9 @@ class Reconciler:
                 # Like a refused spec: nothing rendered or applied, so no new pods for a name the
                 # router gives to the older claimant.
                 outcome.conflict = conflict_message(served, older)
-                observed = Observed(
-                    generation=generation,
-                    desired_replicas=None,
-                    replica_reason="the served name is another deployment's",
-                    autoscaling=False,
-                    deployment=DeploymentObservation.from_object(deployment_live) if deployment_live else None,
-                    invalid_spec=None,
-                    apply_error=None,
-                    endpoint=self._settings.router_endpoint,
-                    selector=names.selector_string(name),
-                    measured_cold_start_s=None,
-                    name_conflict=outcome.conflict,
+                return await self._not_applied(
+                    body, name, deployment_live, outcome, "the served name is another deployment's"
                 )
-                await self._write_status(body, observed, live_status, outcome)
-                return outcome
 
         autoscaling = spec.autoscaling_enabled
         decision = decide_replicas(spec, live_status.get("desiredReplicas") if autoscaling else None)

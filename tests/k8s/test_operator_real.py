@@ -357,7 +357,11 @@ def test_two_operators_only_the_leader_acts_and_the_other_takes_over(
     # The survivor resumes once the dead peer's entry lapses, then reconciles the next change.
     kubectl("patch", "infd", "ha", "-n", namespace, "--type=merge", "-p", '{"spec":{"engine":{"maxModelLen":1024}}}')
     wait_for(lambda: endpoint() == "http://low/v1", 120, "the low-priority operator to take over")
-    wait_for(lambda: "applied" in low.log(), 30, "the survivor to apply the change")
+    try:
+        wait_for(lambda: "applied" in low.log(), 30, "the survivor to apply the change")
+    except AssertionError as e:
+        conditions = ((infd(kubectl, namespace, "ha") or {}).get("status") or {}).get("conditions")
+        raise AssertionError(f"{e}\nconditions: {conditions}\nsurvivor's log:\n{low.log()[-6000:]}") from None
 
 
 def degraded(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
