@@ -283,18 +283,24 @@ class Launcher:
         self.metrics.artifacts_refused.labels(reason=refusal, where=where).inc()
         _log_event("artifacts_refused", fingerprint=fp.key, where=where, refused=refusal, reason=reason)
 
+    def _bucket_miss(
+        self, fp: Fingerprint, detail: dict[str, Any], refusal: str | None, reason: str
+    ) -> tuple[bool, str]:
+        """No artifact from the bucket: a plain miss, or a refusal (counted, with its reason)."""
+        detail.update(reason=reason)
+        if refusal is None:
+            return False, "miss"
+        self._refused(fp, "bucket", refusal, reason)
+        detail.update(refused=refusal)
+        return False, "refused"
+
     async def _from_bucket(
         self, store: ArtifactStore, fp: Fingerprint, directory: Path, detail: dict[str, Any]
     ) -> tuple[bool, str]:
         """Fetch the artifact when the bucket has a trusted one and fetching it beats rebuilding; (hit, source)."""
         offer = await self._in_thread(store.describe, fp)
         if not offer.found:
-            detail.update(reason=offer.reason)
-            if offer.refusal is not None:
-                self._refused(fp, "bucket", offer.refusal, offer.reason)
-                detail.update(refused=offer.refusal)
-                return False, "refused"
-            return False, "miss"
+            return self._bucket_miss(fp, detail, offer.refusal, offer.reason)
         root = self.settings.artifacts_dir
         pull = self.recorder.records.get("pull")
         pulled = self._weights.bytes_fetched if self._weights else 0
@@ -318,12 +324,7 @@ class Launcher:
         seconds = self.deps.clock() - started
         detail.update(fetchSeconds=round(seconds, 4))
         if not result.hit:
-            detail.update(reason=result.reason)
-            if result.refusal is not None:
-                self._refused(fp, "bucket", result.refusal, result.reason)
-                detail.update(refused=result.refusal)
-                return False, "refused"
-            return False, "miss"
+            return self._bucket_miss(fp, detail, result.refusal, result.reason)
         sample = measured_rate(offer.size_bytes, seconds, "node record")
         if sample is not None:
             await self._in_thread(record_node_rate, root, sample)
