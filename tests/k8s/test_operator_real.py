@@ -342,7 +342,11 @@ def test_two_operators_only_the_leader_acts_and_the_other_takes_over(
         60,
         "both operators in the peering object",
     )
-    kubectl.apply(tiny_spec(namespace, name="ha", minReplicas=1), "--server-side", "--field-manager=alice")
+    ha = tiny_spec(namespace, name="ha", minReplicas=1)
+    # These operators watch every namespace: a served name of its own, so that another test's "tiny"
+    # (older, and still being torn down) does not hold it (ServedNameConflict).
+    ha["spec"]["model"]["servedName"] = f"ha-{namespace}"
+    kubectl.apply(ha, "--server-side", "--field-manager=alice")
 
     def endpoint() -> str | None:
         return ((infd(kubectl, namespace, "ha") or {}).get("status") or {}).get("endpoint")
