@@ -26,6 +26,16 @@ from tests.conftest import pick_free_port
 ACCESS_KEY, SECRET_KEY = "AKIDLAUNCHER", "launcher-secret-never-logged"
 
 
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """A tiny local model folder (config and one safetensors file) for launches without S3."""
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"\0" * 128)
+    return path
+
+
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     with moto_s3_server() as endpoint:

@@ -31,15 +31,6 @@ TRUST = ArtifactTrust.of(PLATFORM.public_key(), source="test keys")
 
 
 @pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "model"
-    path.mkdir()
-    (path / "config.json").write_text("{}")
-    (path / "model.safetensors").write_bytes(b"\0" * 128)
-    return path
-
-
-@pytest.fixture
 def where(s3_client: S3Client) -> str:
     bucket = f"art-{uuid.uuid4().hex[:10]}"
     s3_client.create_bucket(Bucket=bucket)

@@ -75,15 +75,6 @@ class DirArtifactStore:
         self.pushed.append(fp.key)
 
 
-@pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "model"
-    path.mkdir()
-    (path / "config.json").write_text("{}")
-    (path / "model.safetensors").write_bytes(b"\0" * 128)
-    return path
-
-
 def make_launch(model: Path, artifacts: bool = False) -> LaunchSpec:
     spec: dict[str, Any] = {
         "model": {"uri": f"file://{model}"},
