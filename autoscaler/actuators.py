@@ -1,4 +1,4 @@
-"""Actuators: where a decision goes. Kubernetes (the InferenceDeployment's status) or in-process.
+"""Actuators: where a decision goes: the InferenceDeployment's status in Kubernetes.
 
 Local mode's actuator, which starts and drains engine processes, is ``kvfleet.local.control``'s.
 
@@ -9,7 +9,6 @@ would show as drift. The operator reads ``status.desiredReplicas`` and scales th
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -72,17 +71,3 @@ class KubernetesActuator:
             raise TargetGone(f"{target.key} no longer exists") from e
         except KubeError as e:
             raise ActuatorError(f"patching {target.key} status failed: {e}") from e
-
-
-class InProcessActuator:
-    """Keeps the latest command per deployment and calls back (the controller's tests; local mode's
-    actuator is ``kvfleet.local.control.ProcessActuator``)."""
-
-    def __init__(self, on_scale: Callable[[Target, ScaleCommand], None] | None = None) -> None:
-        self.on_scale = on_scale
-        self.commands: dict[str, ScaleCommand] = {}
-
-    async def apply(self, target: Target, command: ScaleCommand) -> None:
-        self.commands[target.key] = command
-        if self.on_scale is not None:
-            self.on_scale(target, command)

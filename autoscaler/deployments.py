@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvfleet.autoscaler.sources import Target
@@ -100,20 +100,3 @@ class KubernetesDeployments:
         if not self.watch.listed:
             raise DeploymentsUnavailable(f"{self.watch.path}: not listed yet")
         return [self._scaled[key] for key in sorted(self._scaled)]
-
-
-class StaticDeployments:
-    """A fixed list of deployments whose count an in-process actuator records (the controller's tests)."""
-
-    def __init__(self, items: list[Scaled]) -> None:
-        self.items = list(items)
-
-    async def list(self) -> list[Scaled]:
-        return list(self.items)
-
-    def record_desired(self, key: str, desired: int) -> None:
-        """What an in-process actuator applied, as the operator's status would show it."""
-        self.items = [
-            replace(s, current_replicas=desired, status_desired=desired) if s.target.key == key else s
-            for s in self.items
-        ]

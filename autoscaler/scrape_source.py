@@ -8,7 +8,6 @@ interpolation). It keeps the previous counters per deployment, bounded.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -18,7 +17,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from kvfleet.autoscaler.engine_metrics import EngineSample, fetch_metrics, scrape_engine
+from kvfleet.autoscaler.engine_metrics import EngineSample, fetch_metrics
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.promql import MetricNames
 from kvfleet.autoscaler.sources import SourceError, Target
@@ -74,7 +73,7 @@ def _samples(text: str) -> Iterable[Sample]:
 
 
 class ScrapeSource:
-    """A ``MetricSource`` that reads /metrics endpoints directly."""
+    """Sums engine samples and the router's /metrics into an observation, as PromQL would."""
 
     def __init__(self, settings: ScrapeSourceSettings, session: aiohttp.ClientSession | None = None) -> None:
         self.settings = settings
@@ -87,23 +86,11 @@ class ScrapeSource:
             self._session = aiohttp.ClientSession()
         return self._session
 
-    async def observe(self, target: Target, now_s: float) -> Observation:
-        """Scrape the target's engines (once each) and the router, and sum them into an observation."""
-        scrapes = (
-            scrape_engine(
-                self._client(), u, target.served_name, timeout_s=self.settings.timeout_s, names=self.settings.names
-            )
-            for u in target.engine_urls
-        )
-        try:
-            engines = await asyncio.gather(*scrapes)
-        except SourceError as e:
-            return Observation.failed(now_s, str(e), ready_replicas=target.ready_replicas)
-        return await self.observe_engines(target, now_s, engines)
-
     async def observe_engines(self, target: Target, now_s: float, engines: Sequence[EngineSample]) -> Observation:
-        """The observation from samples of the target's ready engines that the caller scraped itself
-        (local mode, whose view reads the same samples), plus the router's /metrics."""
+        """The observation from samples of the target's ready engines, plus the router's /metrics.
+
+        The caller scrapes the engines (``engine_metrics.scrape_engine``) because local mode's view
+        reads the same samples: each engine is read once per tick."""
         try:
             return await self._observe(target, now_s, engines)
         except SourceError as e:

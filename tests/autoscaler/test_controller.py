@@ -8,12 +8,13 @@ import time
 
 import pytest
 
-from kvfleet.autoscaler.actuators import ActuatorError, InProcessActuator, ScaleCommand
+from kvfleet.autoscaler.actuators import ActuatorError, ScaleCommand
 from kvfleet.autoscaler.controller import Controller, ControllerSettings
-from kvfleet.autoscaler.deployments import Scaled, StaticDeployments
+from kvfleet.autoscaler.deployments import Scaled
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.sources import Target
 from kvfleet.spec import AutoscalingSpec
+from tests.autoscaler.doubles import InProcessActuator, StaticDeployments
 
 CHAT = Target("default", "chat", "tiny-chat", ready_replicas=1)
 SPEC = AutoscalingSpec(

@@ -10,15 +10,16 @@ import pytest
 import yaml
 from support.watch_api import WatchApi
 
-from kvfleet.autoscaler.actuators import ActuatorError, InProcessActuator, KubernetesActuator, ScaleCommand, TargetGone
+from kvfleet.autoscaler.actuators import ActuatorError, KubernetesActuator, ScaleCommand, TargetGone
 from kvfleet.autoscaler.controller import Controller
-from kvfleet.autoscaler.deployments import KubernetesDeployments, Scaled, StaticDeployments
+from kvfleet.autoscaler.deployments import KubernetesDeployments, Scaled
 from kvfleet.autoscaler.leader import LeaseElector, LeaseSettings, lease_verdict
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.sources import Target
 from kvfleet.kube.client import KubeClient
 from kvfleet.spec import AutoscalingSpec
 from tests.autoscaler.conftest import Kube
+from tests.autoscaler.doubles import InProcessActuator, StaticDeployments
 from tests.conftest import pick_free_port
 
 SPEC = {
@@ -198,7 +199,6 @@ async def test_kubeconfig_token_is_sent(tmp_path: Path, user: str) -> None:
 async def test_wakes_for_unknown_names_are_answered_from_the_watched_set() -> None:
     """A wake names any namespace/name it likes: an unknown one must not cost the API server a LIST
     (the listing is the watch's cache; only the watch's own first LIST reaches the server)."""
-    from kvfleet.autoscaler.actuators import InProcessActuator
     from kvfleet.autoscaler.controller import Controller
     from kvfleet.autoscaler.observation import Observation
 

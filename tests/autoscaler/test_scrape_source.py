@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
+from kvfleet.autoscaler.engine_metrics import scrape_engine
+from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.policy import decide, initial_state
 from kvfleet.autoscaler.scrape_source import ScrapeSource, ScrapeSourceSettings, histogram_quantile
-from kvfleet.autoscaler.sources import Target
+from kvfleet.autoscaler.sources import SourceError, Target
 from kvfleet.spec import AutoscalingSpec
 from tests.autoscaler.conftest import MODEL, MetricsEndpoint
 from tests.conftest import pick_free_port
@@ -14,6 +17,16 @@ from tests.conftest import pick_free_port
 
 def target(url: str, ready: int = 1) -> Target:
     return Target(namespace="default", name="chat", served_name=MODEL, ready_replicas=ready, engine_urls=(url,))
+
+
+async def observe(source: ScrapeSource, target: Target, now_s: float) -> Observation:
+    """As local mode's tick does: scrape each engine once, then sum with the router's /metrics."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            engines = [await scrape_engine(session, u, target.served_name, timeout_s=1.0) for u in target.engine_urls]
+        except SourceError as e:
+            return Observation.failed(now_s, str(e), ready_replicas=target.ready_replicas)
+    return await source.observe_engines(target, now_s, engines)
 
 
 async def test_scrape_sums_rates_and_quantiles(metrics_endpoint: MetricsEndpoint) -> None:
@@ -30,7 +43,7 @@ async def test_scrape_sums_rates_and_quantiles(metrics_endpoint: MetricsEndpoint
     m.requests.labels("team-b", MODEL, "200").inc(1000)
     source = ScrapeSource(ScrapeSourceSettings(router_url=m.url))
     try:
-        first = await source.observe(target(m.url), now_s=1000.0)
+        first = await observe(source, target(m.url), now_s=1000.0)
         assert first.error is None
         assert (first.engine_concurrency, first.router_in_flight, first.queue_depth) == (7, 6, 0)
         assert first.kv_cache_utilization == 0.25
@@ -42,7 +55,7 @@ async def test_scrape_sums_rates_and_quantiles(metrics_endpoint: MetricsEndpoint
         for _ in range(10):
             m.ttft.labels(MODEL).observe(0.3)
         m.queue.labels("default", MODEL).set(4)
-        second = await source.observe(target(m.url), now_s=1010.0)
+        second = await observe(source, target(m.url), now_s=1010.0)
         assert second.arrival_rate_rps == pytest.approx(3.0)
         assert second.ttft_p90_s == pytest.approx(0.475)  # 0.25 + (0.5 - 0.25) x 9/10
         assert second.queue_depth == 4
@@ -52,7 +65,7 @@ async def test_scrape_sums_rates_and_quantiles(metrics_endpoint: MetricsEndpoint
 
         # The engine goes away: the observation carries the error and the policy holds.
         m.stop()
-        third = await source.observe(target(m.url, ready=2), now_s=1020.0)
+        third = await observe(source, target(m.url, ready=2), now_s=1020.0)
         assert third.error is not None and "unreachable" in third.error
         d = decide(third, initial_state(2, 0.0), AutoscalingSpec(min_replicas=0), 1020.0)
         assert (d.desired_replicas, d.reason) == (2, "metrics_stale")
@@ -65,10 +78,10 @@ async def test_counter_reset_counts_from_zero(metrics_endpoint: MetricsEndpoint)
     source = ScrapeSource(ScrapeSourceSettings(router_url=m.url))
     try:
         m.requests.labels("default", MODEL, "200").inc(50)
-        await source.observe(target(m.url), now_s=0.0)
+        await observe(source, target(m.url), now_s=0.0)
         m.requests.clear()  # the router restarted: its counter starts again
         m.requests.labels("default", MODEL, "200").inc(8)
-        o = await source.observe(target(m.url), now_s=4.0)
+        o = await observe(source, target(m.url), now_s=4.0)
         assert o.arrival_rate_rps == pytest.approx(2.0)
     finally:
         await source.close()
@@ -78,7 +91,7 @@ async def test_unreachable_endpoint_is_an_error_not_an_exception() -> None:
     url = f"http://127.0.0.1:{pick_free_port()}"
     source = ScrapeSource(ScrapeSourceSettings(router_url=url, timeout_s=1.0))
     try:
-        o = await source.observe(target(url), now_s=5.0)
+        o = await source.observe_engines(target(url), 5.0, [])
     finally:
         await source.close()
     assert o.error is not None and "/metrics unreachable" in o.error
