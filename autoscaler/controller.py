@@ -21,6 +21,7 @@ from kvfleet.autoscaler.deployments import DeploymentSource, DeploymentsUnavaila
 from kvfleet.autoscaler.metrics import AutoscalerMetrics
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.policy import DEFAULT_POLICY, Decision, PolicySettings, PolicyState, decide, initial_state
+from kvfleet.autoscaler.settings import ControllerSettings
 from kvfleet.autoscaler.sources import MetricSource, Target
 from kvfleet.autoscaler.wake import WakeInbox
 
@@ -38,20 +39,6 @@ class _Written:
     reason: str
     at_s: float
     last_scale_time: datetime
-
-
-@dataclass(frozen=True)
-class ControllerSettings:
-    tick_interval_s: float = 2.0
-    max_concurrent_observations: int = 16
-    reason_refresh_s: float = 30.0
-    max_deployments: int = 2000
-
-    def __post_init__(self) -> None:
-        if not 0.01 <= self.tick_interval_s <= 60:
-            raise ValueError(f"tick_interval_s must be in [0.01, 60], got {self.tick_interval_s}")
-        if not 1 <= self.max_concurrent_observations <= 256:
-            raise ValueError("max_concurrent_observations must be in [1, 256]")
 
 
 class Controller:

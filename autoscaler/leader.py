@@ -15,35 +15,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kvfleet.autoscaler.settings import FIELD_MANAGER
+from kvfleet.autoscaler.settings import FIELD_MANAGER, LeaseSettings
 from kvfleet.kube.client import KubeClient, KubeConflict, KubeError, KubeNotFound
 
 log = logging.getLogger(__name__)
 
 Verdict = Literal["create", "renew", "acquire", "follow"]
-
-
-@dataclass(frozen=True)
-class LeaseSettings:
-    namespace: str
-    name: str = "kvfleet-autoscaler"
-    identity: str = ""
-    lease_duration_s: float = 15.0
-    renew_deadline_s: float = 10.0
-    retry_period_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.identity:
-            raise ValueError("identity must be set (the pod name: unique per autoscaler replica)")
-        if not 0 < self.retry_period_s < self.renew_deadline_s < self.lease_duration_s <= 3600:
-            raise ValueError(
-                "need 0 < retry_period_s < renew_deadline_s < lease_duration_s <= 3600, got "
-                f"{self.retry_period_s}, {self.renew_deadline_s}, {self.lease_duration_s}"
-            )
 
 
 def _micro_time(at_s: float) -> str:

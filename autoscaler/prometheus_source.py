@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import requests
@@ -17,24 +16,9 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from kvfleet.autoscaler.observation import Observation
-from kvfleet.autoscaler.promql import MetricNames, deployment_queries
+from kvfleet.autoscaler.promql import deployment_queries
+from kvfleet.autoscaler.settings import PrometheusSourceSettings
 from kvfleet.autoscaler.sources import SourceError, Target
-
-
-@dataclass(frozen=True)
-class PrometheusSourceSettings:
-    url: str
-    timeout_s: float = 5.0
-    """Per-query HTTP timeout; a tick's queries run one after another in a thread."""
-    rate_window: str = "1m"
-    """Range of rate() for arrivals and TTFT: at least 4 scrape intervals (15 s scrapes -> 1m)."""
-    names: MetricNames = field(default_factory=MetricNames)
-
-    def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"prometheus url must be http(s)://..., got {self.url!r}")
-        if not 0 < self.timeout_s <= 120:
-            raise ValueError(f"timeout_s must be in (0, 120], got {self.timeout_s}")
 
 
 def _scalar(result: Any, query_name: str) -> float | None:

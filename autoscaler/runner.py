@@ -10,11 +10,11 @@ from collections.abc import Coroutine
 from typing import Any
 
 from kvfleet.autoscaler.actuators import KubernetesActuator
-from kvfleet.autoscaler.controller import Controller, ControllerSettings
+from kvfleet.autoscaler.controller import Controller
 from kvfleet.autoscaler.deployments import KubernetesDeployments
-from kvfleet.autoscaler.leader import LeaseElector, LeaseSettings
+from kvfleet.autoscaler.leader import LeaseElector
 from kvfleet.autoscaler.metrics import AutoscalerMetrics
-from kvfleet.autoscaler.prometheus_source import PrometheusSource, PrometheusSourceSettings
+from kvfleet.autoscaler.prometheus_source import PrometheusSource
 from kvfleet.autoscaler.server import build_app, start_server
 from kvfleet.autoscaler.settings import AutoscalerSettings
 from kvfleet.autoscaler.wake import WakeInbox, WakeToken
@@ -37,25 +37,13 @@ async def run_autoscaler(
     elector: LeaseElector | None = None
     background: list[Coroutine[Any, Any, None]] = []  # run until stop, then cancelled
     api = api or KubeClient.from_kubeconfig(settings.kubeconfig, settings.context, user_agent="kvfleet-autoscaler")
-    assert settings.prometheus_url is not None  # the settings validator requires it
-    source = PrometheusSource(
-        PrometheusSourceSettings(
-            url=settings.prometheus_url, timeout_s=settings.prometheus_timeout_s, rate_window=settings.rate_window
-        )
-    )
+    assert settings.prometheus is not None  # the settings validator requires it
+    source = PrometheusSource(settings.prometheus)
     watched = KubernetesDeployments(api, settings.namespace)
     metrics.registry.register(WatchCollector("kvfleet_autoscaler_kube_watch", [watched.watch]))
     background.append(watched.run())
-    if settings.leader_election:
-        lease = LeaseSettings(
-            namespace=settings.lease_namespace,
-            name=settings.lease_name,
-            identity=settings.identity,
-            lease_duration_s=settings.lease_duration_s,
-            renew_deadline_s=settings.renew_deadline_s,
-            retry_period_s=settings.retry_period_s,
-        )
-        elector = LeaseElector(api, lease, clock=time.time)
+    if settings.lease is not None:
+        elector = LeaseElector(api, settings.lease, clock=time.time)
     controller = Controller(
         watched,
         source,
@@ -63,12 +51,7 @@ async def run_autoscaler(
         inbox=inbox,
         metrics=metrics,
         policy=settings.policy,
-        settings=ControllerSettings(
-            tick_interval_s=settings.tick_interval_s,
-            max_concurrent_observations=settings.max_concurrent_observations,
-            reason_refresh_s=settings.reason_refresh_s,
-            max_deployments=settings.max_deployments,
-        ),
+        settings=settings.loop,
         leadership=elector,
     )
     token = WakeToken(settings.wake_token_file) if settings.wake_token_file else None

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from kvfleet.autoscaler.actuators import ScaleCommand, TargetGone
-from kvfleet.autoscaler.controller import Controller, ControllerSettings
+from kvfleet.autoscaler.controller import Controller
 from kvfleet.autoscaler.deployments import Scaled
 from kvfleet.autoscaler.engine_metrics import EngineSample, scrape_engine
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.policy import Decision
 from kvfleet.autoscaler.prometheus_source import PrometheusSource
 from kvfleet.autoscaler.scrape_source import ScrapeSource
+from kvfleet.autoscaler.settings import ControllerSettings
 from kvfleet.autoscaler.sources import SourceError, Target
 from kvfleet.autoscaler.wake import WakeInbox
 from kvfleet.local.actuator import DeploymentProcesses, Replica

@@ -21,8 +21,9 @@ from aiohttp import web
 
 from kvfleet.autoscaler.controller import Controller
 from kvfleet.autoscaler.engine_metrics import scrape_engine, total_inflight
-from kvfleet.autoscaler.prometheus_source import PrometheusSource, PrometheusSourceSettings
+from kvfleet.autoscaler.prometheus_source import PrometheusSource
 from kvfleet.autoscaler.scrape_source import ScrapeSource, ScrapeSourceSettings
+from kvfleet.autoscaler.settings import PrometheusSourceSettings
 from kvfleet.autoscaler.wake import WakeInbox
 from kvfleet.free_port import pick_free_port
 from kvfleet.local.actuator import DeploymentProcesses

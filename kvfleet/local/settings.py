@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kvfleet.autoscaler.settings import TICK_INTERVAL_BOUNDS_S
+
 
 class LocalSettingsError(ValueError):
     """A local-mode setting is out of its bounds; the message names the setting."""
@@ -69,8 +71,9 @@ class LocalSettings:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise LocalSettingsError(f"{name} must be a TCP port in [0, 65535], got {value}")
-        if not 0.05 <= self.tick_s <= 60:
-            raise LocalSettingsError(f"tick_s must be in [0.05, 60], got {self.tick_s}")
+        low, high = TICK_INTERVAL_BOUNDS_S  # the autoscaler's own bound: local mode runs its loop
+        if not low <= self.tick_s <= high:
+            raise LocalSettingsError(f"tick_s must be in [{low}, {high}], got {self.tick_s}")
         if not 0.2 <= self.prometheus_scrape_interval_s <= 60:
             raise LocalSettingsError(
                 f"prometheus_scrape_interval_s must be in [0.2, 60], got {self.prometheus_scrape_interval_s}"

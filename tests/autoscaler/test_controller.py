@@ -9,9 +9,10 @@ import time
 import pytest
 
 from kvfleet.autoscaler.actuators import ActuatorError, ScaleCommand
-from kvfleet.autoscaler.controller import Controller, ControllerSettings
+from kvfleet.autoscaler.controller import Controller
 from kvfleet.autoscaler.deployments import Scaled
 from kvfleet.autoscaler.observation import Observation
+from kvfleet.autoscaler.settings import ControllerSettings
 from kvfleet.autoscaler.sources import Target
 from kvfleet.spec import AutoscalingSpec
 from tests.autoscaler.doubles import InProcessActuator, StaticDeployments

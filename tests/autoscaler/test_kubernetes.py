@@ -13,8 +13,9 @@ from support.watch_api import WatchApi
 from kvfleet.autoscaler.actuators import ActuatorError, KubernetesActuator, ScaleCommand, TargetGone
 from kvfleet.autoscaler.controller import Controller
 from kvfleet.autoscaler.deployments import KubernetesDeployments, Scaled
-from kvfleet.autoscaler.leader import LeaseElector, LeaseSettings, lease_verdict
+from kvfleet.autoscaler.leader import LeaseElector, lease_verdict
 from kvfleet.autoscaler.observation import Observation
+from kvfleet.autoscaler.settings import LeaseSettings
 from kvfleet.autoscaler.sources import Target
 from kvfleet.kube.client import KubeClient
 from kvfleet.spec import AutoscalingSpec

@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from kvfleet.autoscaler.observation import Observation
 from kvfleet.autoscaler.policy import decide, initial_state
-from kvfleet.autoscaler.prometheus_source import PrometheusSource, PrometheusSourceSettings
+from kvfleet.autoscaler.prometheus_source import PrometheusSource
 from kvfleet.autoscaler.promql import deployment_queries
+from kvfleet.autoscaler.settings import PrometheusSourceSettings
 from kvfleet.autoscaler.sources import Target
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.spec import AutoscalingSpec

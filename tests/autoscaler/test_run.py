@@ -130,4 +130,4 @@ def test_cli_rejects_bad_settings() -> None:
         timeout=60,
     )
     assert result.returncode == 2
-    assert "invalid setting tick_interval_s" in result.stderr
+    assert "invalid setting loop: tick_interval_s must be in [0.05, 60.0], got 0.0" in result.stderr

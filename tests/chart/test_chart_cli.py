@@ -111,8 +111,8 @@ def test_autoscaler_elects_a_leader_in_its_own_namespace() -> None:
     _, params, _ = parse(kubelet_expand(spec["args"], {"POD_NAME": "pod-1", "POD_NAMESPACE": NAMESPACE}))
     settings = build_settings("autoscaler", params)
     assert isinstance(settings, AutoscalerSettings)
-    assert settings.leader_election and settings.identity == "pod-1" and settings.lease_namespace == NAMESPACE
-    assert settings.namespace is None and settings.tick_interval_s == 0.5 and params["verbose"]
+    assert settings.lease is not None and settings.lease.identity == "pod-1" and settings.lease.namespace == NAMESPACE
+    assert settings.namespace is None and settings.loop.tick_interval_s == 0.5 and params["verbose"]
 
 
 @pytest.mark.parametrize(("port", "url"), [(80, "http://kvf-kvfleet-router.ml.svc/v1"), (8000, None)])
