@@ -13,7 +13,12 @@ All measured in one run on this machine:
   proxy's fixed cost) and a chat request with a ~16k-character (~4k-token) system prompt (what the
   router's prefix hashing and index cost on a realistic prompt; nginx only copies the bytes). And
   ``kvfleet-4``: the router picking among 4 replicas (4 ports of the same backend), throughput only,
-  so the one-replica shortcut does not flatter the figure.
+  so the one-replica shortcut does not flatter the figure. ``kvfleet-4 + KV events``: the same with
+  KV-cache events on: the model's tokenizer loaded (the tiny test model's 1024-token BPE and chat
+  template) and every replica's event view live (a publisher in this process sends, twice a second,
+  the stored blocks of the long prompt's shared system prompt as an engine would), so every request
+  is tokenized and scored against the engines' reported caches: the router's path with events on.
+  The router's resident memory (VmRSS) after each round's runs is reported for every router.
 Pinning (when the machine has 2+ cores): the proxy under test -- the nginx proxy worker or the
 router, each one process -- runs alone on ``--proxy-cpu``; backends and load generators share
 ``--load-cpu``. Other engineers' jobs still share both cores.
@@ -143,8 +148,15 @@ def proxy_block(port: int, upstream_port: int) -> str:
 
 
 @contextmanager
-def router(upstreams: list[str], port: int, cpu: int | None = None, src: Path | None = None) -> Iterator[int]:
-    """``kvfleet router serve``; ``src``: serve from another checkout's router/ folder (a before/after run)."""
+def router(
+    upstreams: list[str],
+    port: int,
+    cpu: int | None = None,
+    src: Path | None = None,
+    events: tuple[int, Path] | None = None,
+) -> Iterator[int]:
+    """``kvfleet router serve``; ``src``: serve from another checkout's router/ folder (a before/after run);
+    ``events``: (port, tokenizer folder) to subscribe every replica's KV events at that port."""
     boot = "from kvfleet.cli import main; main()"
     if src is not None:
         boot = f"import kvfleet.router as r; r.__path__[:] = [{str(src)!r}]; " + boot
@@ -160,8 +172,68 @@ def router(upstreams: list[str], port: int, cpu: int | None = None, src: Path | 
         "--log-level",
         "WARNING",
     ]
+    if events is not None:
+        events_port, tokenizer_dir = events
+        cmd += ["--kv-events-port", str(events_port), "--kv-events-tokenizer", f"bench={tokenizer_dir}"]
     with process(cmd, f"http://127.0.0.1:{port}/health", cpu) as proc:
         yield proc.pid
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of the process (VmRSS), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextmanager
+def engine_events(port: int, tokenizer_dir: Path, block_size: int = 16) -> Iterator[int]:
+    """Publishes, as an engine would, the blocks of the long prompt's system prompt (all but the
+    final partial block), twice a second, on ``port``: each router's views are live and hold them."""
+    import threading
+
+    from kvfleet.engine.kv_events import KVEventsConfig, ZmqEventPublisher, block_stored
+    from kvfleet.router.prompt_tokens import load_tokenizer, prompt_token_ids
+
+    tokens = prompt_token_ids(load_tokenizer(tokenizer_dir), LONG_BODY)
+    assert tokens, "the tiny tokenizer must take the long prompt"
+    full = len(tokens) // block_size * block_size
+    batch = [
+        block_stored(
+            [i.to_bytes(8, "big")], (i - 1).to_bytes(8, "big") if i else None, tokens[at : at + block_size], block_size
+        )
+        for i, at in enumerate(range(0, full, block_size))
+    ]
+    publisher = ZmqEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{port}"))
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.5):
+            publisher.publish(batch)
+
+    thread = threading.Thread(target=loop, name="engine-events", daemon=True)
+    thread.start()
+    try:
+        yield len(batch)
+    finally:
+        stop.set()
+        thread.join()
+        publisher.close()
+
+
+def wait_events_live(port: int, replicas: int = 4, timeout_s: float = 30) -> None:
+    """Until the router reports every replica's event view usable: the path measured is the events path."""
+    deadline = time.monotonic() + timeout_s
+    pattern = re.compile(r"^kvfleet_router_kv_event_subscriptions_usable\{[^}]*\} (\S+)$", re.M)
+    usable = 0.0
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            usable = sum(float(v) for v in pattern.findall(response.read().decode()))
+        if usable >= replicas:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"only {usable:g} of {replicas} event views became usable in {timeout_s:g} s")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -228,6 +300,7 @@ def summarise(values: list[float]) -> dict[str, float]:
 # -- throughput ---------------------------------------------------------------------------------------
 
 
+EVENTS = "kvfleet-4 + KV events"
 SHORT_BODY = {"model": "bench", "prompt": "hello there", "max_tokens": 8}
 # One shared ~16k-character system prompt (a tenant's instructions and tool schemas) and a short question.
 LONG_BODY = {
@@ -349,6 +422,15 @@ def main() -> None:
             ports[name] = (a, b, pid)
         four = pick_free_port()
         ports["kvfleet-4"] = (None, four, stack.enter_context(router(static_urls, four, proxy_cpu)))
+        from kvfleet.engine.tiny_model import make_tiny_model
+
+        tokenizer_dir = make_tiny_model(workdir / "tiny", layers=1, hidden=32, vocab=1024)
+        events_port, four_events = pick_free_port(), pick_free_port()
+        blocks = stack.enter_context(engine_events(events_port, tokenizer_dir))
+        print(f"engine events: {blocks} blocks of the long prompt published on port {events_port}")
+        pid = stack.enter_context(router(static_urls, four_events, proxy_cpu, events=(events_port, tokenizer_dir)))
+        ports[EVENTS] = (None, four_events, pid)
+        wait_events_live(four_events)
         for r in range(args.repeats):
             result: dict[str, Any] = {"latency": {}, "throughput": {}, "throughput_long": {}}
             for streams in levels:
@@ -365,6 +447,8 @@ def main() -> None:
             for key, body in (("throughput", SHORT_BODY), ("throughput_long", LONG_BODY)):
                 for name, (_, port, pid) in ports.items():
                     got = wrk(f"http://127.0.0.1:{port}", args.seconds, args.connections, workdir, pid, body)
+                    if name != "direct" and not name.startswith("nginx") and pid is not None:
+                        got["rss_mib"] = rss_mib(pid)
                     result[key][name] = got
                     print(
                         f"round {r} {key} {name:14s} {got['rps']:.0f} req/s, proxy CPU "
@@ -419,7 +503,7 @@ def write(
                 for metric in ("ttfb", "total")
                 for q in ("p50", "p99")
             }
-    tpaths = [*paths, "kvfleet-4"]  # kvfleet-4 is measured for throughput only
+    tpaths = [*paths, "kvfleet-4", EVENTS]  # measured for throughput only
     tproxies = [p for p in tpaths if p != "direct"]
     ratios: dict[str, dict[str, float]] = {}
     for key in ("throughput", "throughput_long"):
@@ -432,6 +516,12 @@ def write(
         ratios[key] = {
             name: statistics.median(r[key][name]["rps"] / r[key]["nginx"]["rps"] for r in rounds) for name in tproxies
         }
+    # After the round's last run (the long prompts): what the router holds once it has served both.
+    summary["router_rss_mib"] = {
+        name: median_of(rounds, "throughput_long", name, "rss_mib")
+        for name in tproxies
+        if "rss_mib" in rounds[0]["throughput_long"][name]
+    }
     summary["proxy_cpu_us_per_request"] = summary["throughput_proxy_cpu_us_per_request"]
     summary["proxy_cpu_share"] = summary["throughput_proxy_cpu_share"]
     summary["throughput_ratio_vs_nginx"] = ratios["throughput"]
@@ -490,9 +580,10 @@ def write(
         "process's utime + stime over the run / requests served.",
         "",
         "| path | short: req/s | vs nginx | per round | proxy CPU (us/req) | share of a core "
-        "| long: req/s | vs nginx | proxy CPU (us/req) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| long: req/s | vs nginx | proxy CPU (us/req) | RSS after (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    rss = summary["router_rss_mib"]
     for name in tpaths:
         vs = f"{ratios['throughput'][name]:.0%}" if name in cpu else "-"
         c = f"{cpu[name]:.1f} | {summary['proxy_cpu_share'][name]:.0%}" if name in cpu else "- | -"
@@ -500,8 +591,18 @@ def write(
         long_c = f"{long_cpu[name]:.1f}" if name in long_cpu else "-"
         lines.append(
             f"| {name} | {summary['throughput_rps'][name]:.0f} | {vs} | {spread[name]} | {c} | "
-            f"{summary['throughput_long_rps'][name]:.0f} | {long_vs} | {long_c} |"
+            f"{summary['throughput_long_rps'][name]:.0f} | {long_vs} | {long_c} | "
+            f"{f'{rss[name]:.0f}' if name in rss else '-'} |"
         )
+    events_cpu = {key: summary[f"{key}_proxy_cpu_us_per_request"] for key in ("throughput", "throughput_long")}
+    lines += [
+        "",
+        f"KV events on ({EVENTS} against kvfleet-4, the same run): CPU per request "
+        f"{events_cpu['throughput']['kvfleet-4']:.0f} -> {events_cpu['throughput'][EVENTS]:.0f} us (short), "
+        f"{events_cpu['throughput_long']['kvfleet-4']:.0f} -> {events_cpu['throughput_long'][EVENTS]:.0f} us "
+        f"(long: the tokenizing); memory after {rss.get('kvfleet-4', float('nan')):.0f} -> "
+        f"{rss.get(EVENTS, float('nan')):.0f} MiB (the tokenizer and the four views).",
+    ]
     top = max(levels)
     p50, p99 = added[f"kvfleet@{top}"]["ttfb_p50"], added[f"kvfleet@{top}"]["ttfb_p99"]
     lines += [
