@@ -2,10 +2,11 @@
 scoring with event views) and per event batch (decode and apply), and the memory a view takes per block.
 
 All in one process and one run, the path without events measured beside it (medians over rounds):
-- request: today's text-block hashing (``render_prompt`` + ``block_hashes``) vs that plus
+- request: the text-block hashing (``render_prompt`` + ``block_hashes``) vs that plus
   ``PrefixScorer.engine_blocks_job``' work (the chat template rendered and the prompt tokenized with the
   engine's ``ModelTokenizer``, then the token blocks hashed), for a short completion and a chat with
-  a ~16k-character (~4k-token) system prompt, as bench/router_overhead.py sends;
+  a ~16k-character (~4k-token) system prompt, as bench/router_overhead.py sends; and the same through
+  the router's prompt-piece cache (``router.token_cache``), with the system prompt seen before and new;
 - pick: the prefix strategy over 4 replicas, learned index only vs with 4 complete event views;
 - batches: ``decode_batch`` + ``CacheView.apply`` of vLLM-shaped batches (one BlockStored of 16 blocks
   of 16 tokens, one BlockRemoved of 16), per batch and per block;
@@ -92,7 +93,8 @@ def stored_batch(seed: int, removed: list[bytes]) -> tuple[bytes, list[bytes]]:
 
 
 def measure(tokenizer_dir: Path, seconds: float) -> dict[str, Any]:
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = load_tokenizer(tokenizer_dir, cache_tokens=0)  # every prompt tokenized whole
+    cached = load_tokenizer(tokenizer_dir)  # the router's default: the prompt-piece cache on
     out: dict[str, Any] = {"request_us": {}, "pick_us": {}}
     for name, body in bodies().items():
 
@@ -106,12 +108,29 @@ def measure(tokenizer_dir: Path, seconds: float) -> dict[str, Any]:
         def tokens_only(body: dict[str, Any] = body) -> object:
             return engine_block_hashes(tokenizer, body, BLOCK_TOKENS)
 
+        def cached_seen(body: dict[str, Any] = body) -> object:
+            return engine_block_hashes(cached, body, BLOCK_TOKENS)
+
+        unique = 0
+
+        def cached_new(body: dict[str, Any] = body) -> object:
+            # A system prompt never seen before (another tenant's): the cache misses and stores it.
+            nonlocal unique
+            unique += 1
+            if "messages" not in body:
+                return engine_block_hashes(cached, body, BLOCK_TOKENS)
+            system = {"role": "system", "content": f"Tenant {unique}. " + body["messages"][0]["content"]}
+            return engine_block_hashes(cached, {**body, "messages": [system, *body["messages"][1:]]}, BLOCK_TOKENS)
+
         n_tokens = len(engine_block_hashes(tokenizer, body, 1) or [])
+        assert engine_block_hashes(cached, body, BLOCK_TOKENS) == engine_block_hashes(tokenizer, body, BLOCK_TOKENS)
         out["request_us"][name] = {
             "prompt_tokens": n_tokens,
             "text_blocks_only": per_call_us(text_only, seconds),
             "with_engine_blocks": per_call_us(with_tokens, seconds),
             "tokenize_and_hash_only": per_call_us(tokens_only, seconds),
+            "cached_system_prompt_seen": per_call_us(cached_seen, seconds),
+            "cached_system_prompt_new": per_call_us(cached_new, seconds),
         }
         # The pick among 4 replicas, each known to the index and holding a part of the prompt in its view.
         text = text_only()
@@ -212,14 +231,22 @@ def markdown(s: dict[str, Any]) -> str:
         f"`.venv/bin/python bench/kv_events_cost.py` (medians of {s['rounds']} rounds, one process, one core; "
         f"tokenizer: {s['tokenizer']}).",
         "",
-        "| request | prompt tokens | text blocks only (today) | + engine blocks | tokenize + hash alone |",
-        "|---|---|---|---|---|",
+        "| request | prompt tokens | text blocks only | + engine blocks (tokenized whole) | tokenize + hash alone "
+        "| with the piece cache: system prompt seen before | ... a new one (miss, stored) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in s["request_us"].items():
         lines.append(
             f"| {name} | {r['prompt_tokens']:.0f} | {r['text_blocks_only']:.1f} us | "
-            f"{r['with_engine_blocks']:.1f} us | {r['tokenize_and_hash_only']:.1f} us |"
+            f"{r['with_engine_blocks']:.1f} us | {r['tokenize_and_hash_only']:.1f} us | "
+            f"{r['cached_system_prompt_seen']:.1f} us | {r['cached_system_prompt_new']:.1f} us |"
         )
+    lines += [
+        "",
+        "The piece cache (router/token_cache.py) tokenizes the text between a chat template's special tokens "
+        "once: a request whose system prompt (or earlier turns) the router has seen tokenizes only the rest. "
+        "A completion's prompt is tokenized whole (the tokenizer adds its own special tokens there).",
+    ]
     lines += ["", "| pick among 4 replicas | index only | with 4 event views |", "|---|---|---|"]
     for name, r in s["pick_us"].items():
         lines.append(f"| {name} | {r['index_only']:.1f} us | {r['with_event_views']:.1f} us |")

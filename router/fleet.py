@@ -33,8 +33,9 @@ from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import WakeRepeater, WakeSignal
 
 if TYPE_CHECKING:
-    from kvfleet.engine.tokenizer import ModelTokenizer
     from kvfleet.router.kv_subscriber import EventSubscription
+    from kvfleet.router.prompt_tokens import PromptTokenizer
+    from kvfleet.router.token_cache import SegmentTokenCache
 
 log = logging.getLogger(__name__)
 
@@ -80,19 +81,32 @@ class Fleet:
         self.applied = asyncio.Event()
         metrics.track_inflight(self._inflight_samples)
         # Loaded now, so a missing tokenizer stops the router at start, not on a request.
-        self._tokenizers: dict[str, ModelTokenizer] = {}
+        self._tokenizers: dict[str, PromptTokenizer] = {}
+        self._token_caches: dict[str, SegmentTokenCache] = {}
         if settings.kv_events_port is not None:
             from kvfleet.router.prompt_tokens import load_tokenizer
+            from kvfleet.router.token_cache import CachedTokenizer
 
             for served_name, folder in settings.kv_events_tokenizers.items():
-                self._tokenizers[served_name] = load_tokenizer(Path(folder))
+                tokenizer = load_tokenizer(Path(folder), settings.kv_events_token_cache_tokens)
+                self._tokenizers[served_name] = tokenizer
+                if isinstance(tokenizer, CachedTokenizer) and tokenizer.pieces.enabled:
+                    self._token_caches[served_name] = tokenizer.pieces
             metrics.track_kv_events(self._kv_event_samples)
+            metrics.track_token_caches(self._token_cache_samples)
 
     def _kv_event_samples(self) -> list[tuple[str, str, int, int, int]]:
         return [
             (*model.view.labels, len(model.subscriptions), model.caches.usable_count(), model.caches.blocks())
             for model in self._models.values()
             if model.caches is not None
+        ]
+
+    def _token_cache_samples(self) -> list[tuple[str, int, int, int, int]]:
+        """(served name, hits, misses, evictions, tokens held) of each model's prompt-piece cache."""
+        return [
+            (served_name, st.hits, st.misses, st.evictions, st.tokens)
+            for served_name, st in ((name, cache.stats) for name, cache in self._token_caches.items())
         ]
 
     def _inflight_samples(self) -> list[tuple[str, str, str, int, int]]:

@@ -210,6 +210,12 @@ class RouterMetrics:
         usable, blocks), read when scraped."""
         self.registry.register(_KVEventsCollector(views))
 
+    def track_token_caches(self, caches: Callable[[], Iterable[tuple[str, int, int, int, int]]]) -> None:
+        """Export ``kvfleet_router_token_cache_{hits,misses,evictions}_total{model}`` and
+        ``kvfleet_router_token_cache_tokens{model}`` from ``caches()``'s (served name, hits, misses,
+        evictions, tokens held), read when scraped: the prompt-piece caches of tokenized models."""
+        self.registry.register(_TokenCacheCollector(caches))
+
     def forget_model(self, model: tuple[str, str]) -> None:
         """Drop a deployment's series: ``model`` is its (namespace, served name)."""
         for series in self._series:
@@ -313,3 +319,28 @@ class _KVEventsCollector(Collector):
         yield subs
         yield usable
         yield blocks
+
+
+class _TokenCacheCollector(Collector):
+    def __init__(self, caches: Callable[[], Iterable[tuple[str, int, int, int, int]]]) -> None:
+        self._caches = caches
+
+    def collect(self) -> Iterator[Metric]:
+        doc = "Chat-prompt pieces {} by the router's token cache (KV events: router/token_cache.py)."
+        hits = CounterMetricFamily("kvfleet_router_token_cache_hits", doc.format("found"), labels=["model"])
+        misses = CounterMetricFamily("kvfleet_router_token_cache_misses", doc.format("tokenized"), labels=["model"])
+        evictions = CounterMetricFamily(
+            "kvfleet_router_token_cache_evictions", doc.format("dropped past the bound"), labels=["model"]
+        )
+        tokens = GaugeMetricFamily(
+            "kvfleet_router_token_cache_tokens", "Token ids held by the router's token cache.", labels=["model"]
+        )
+        for model, hit, missed, evicted, held in self._caches():
+            hits.add_metric([model], hit)
+            misses.add_metric([model], missed)
+            evictions.add_metric([model], evicted)
+            tokens.add_metric([model], held)
+        yield hits
+        yield misses
+        yield evictions
+        yield tokens

@@ -38,7 +38,7 @@ from kvfleet.router.prefix_scorer import PrefixScorer
 from kvfleet.spec import RoutingSpec
 
 if TYPE_CHECKING:
-    from kvfleet.engine.tokenizer import ModelTokenizer
+    from kvfleet.router.prompt_tokens import PromptTokenizer
 
 
 # Named tuples, not dataclasses: three are built per routed request, and a tuple is ~4x cheaper to make.
@@ -333,7 +333,7 @@ def build_strategy(
     caches: EngineCaches | None = None,
     model: str = "",
     max_prompt_blocks: int = 2048,
-    tokenizer: ModelTokenizer | None = None,
+    tokenizer: PromptTokenizer | None = None,
 ) -> Strategy:
     """The strategy a deployment's ``spec.routing`` asks for.
 

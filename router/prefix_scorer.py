@@ -20,8 +20,8 @@ from kvfleet.router.prompt import BlockChain, block_hashes, render_prompt
 from kvfleet.spec import RoutingSpec
 
 if TYPE_CHECKING:
-    from kvfleet.engine.tokenizer import ModelTokenizer
     from kvfleet.router.picking import Candidate, PickRequest
+    from kvfleet.router.prompt_tokens import PromptTokenizer
 
 DEFAULT_BLOCK_CHARS = RoutingSpec().prefix_block_chars
 
@@ -45,7 +45,7 @@ class PrefixScorer:
     model: str = ""  # the served name seeds every chain: two models never share a block
     block_chars: int = DEFAULT_BLOCK_CHARS
     max_blocks: int = 2048  # blocks hashed per prompt: bounds the CPU per request
-    tokenizer: ModelTokenizer | None = None  # the model's, to match the engines' token blocks (KV events)
+    tokenizer: PromptTokenizer | None = None  # the model's, to match the engines' token blocks (KV events)
 
     def hashes(self, body: Mapping[str, Any]) -> BlockChain:
         """The request's prompt as chained block hashes (``prompt.block_hashes``); ``BadRequestError``

@@ -17,36 +17,55 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kvfleet.router.kv_events import token_block_hashes
 
-if TYPE_CHECKING:
-    from kvfleet.engine.tokenizer import ModelTokenizer
-
 log = logging.getLogger(__name__)
+
+
+class PromptTokenizer(Protocol):
+    """What the router asks of a tokenizer: the engine's ``ModelTokenizer``, or the router's
+    ``token_cache.CachedTokenizer`` around it."""
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str: ...
 
 
 class TokenizerUnavailableError(RuntimeError):
     """A configured tokenizer cannot be loaded (missing package or files)."""
 
 
-def load_tokenizer(model_dir: Path) -> ModelTokenizer:
+def load_tokenizer(model_dir: Path, cache_tokens: int | None = None) -> PromptTokenizer:
+    """The model's tokenizer; chat prompts go through a piece cache of ``cache_tokens`` token ids
+    (``router.token_cache``; None: its default, 0: no cache)."""
     try:
         from kvfleet.engine.errors import ModelLoadError
         from kvfleet.engine.tokenizer import ModelTokenizer
+        from kvfleet.router.token_cache import DEFAULT_MAX_TOKENS, CachedTokenizer
     except ImportError as e:
         raise TokenizerUnavailableError(
             f"tokenizing prompts for KV events needs the tokenizers and jinja2 packages ({e.name} is missing): "
             "pip install 'kvfleet[engine]'"
         ) from None
     try:
-        return ModelTokenizer.from_dir(model_dir)
+        base = ModelTokenizer.from_dir(model_dir)
     except ModelLoadError as e:
         raise TokenizerUnavailableError(str(e)) from None
+    cached = CachedTokenizer(base, DEFAULT_MAX_TOKENS if cache_tokens is None else cache_tokens)
+    if not cached.pieces.enabled:
+        log.info("%s: chat prompts are tokenized whole: %s", model_dir, cached.pieces.disabled_reason)
+    return cached
 
 
-def prompt_token_ids(tokenizer: ModelTokenizer, body: Mapping[str, Any]) -> list[int] | None:
+def prompt_token_ids(tokenizer: PromptTokenizer, body: Mapping[str, Any]) -> list[int] | None:
     """The prompt's token ids as the engine computes them, or None when the engine would not take it."""
     from kvfleet.engine.errors import EngineError
 
@@ -97,7 +116,7 @@ def _messages(raw: Any) -> list[dict[str, Any]] | None:
     return out
 
 
-def engine_block_hashes(tokenizer: ModelTokenizer, body: Mapping[str, Any], block_size: int) -> list[int] | None:
+def engine_block_hashes(tokenizer: PromptTokenizer, body: Mapping[str, Any], block_size: int) -> list[int] | None:
     """The prompt's token blocks, hashed as ``kv_events.CacheView`` hashes the blocks engines report.
 
     All of them: the body is bounded by ``max_body_bytes``, and the text blocks they are weighed

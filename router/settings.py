@@ -209,6 +209,15 @@ class RouterSettings(BaseModel):
             "in a worker thread (a 16k-character prompt takes milliseconds: docs/benchmarks/kv_events.md)."
         ),
     )
+    kv_events_token_cache_tokens: int = Field(
+        default=2_000_000,
+        ge=0,
+        le=100_000_000,
+        description=(
+            "Token ids each tokenized model keeps of the chat-prompt pieces it has seen (a system prompt, earlier "
+            "turns), so a piece is tokenized once (router/token_cache.py; 4 bytes each); 0 tokenizes each prompt whole."
+        ),
+    )
     kv_events_max_blocks_per_replica: int = Field(
         default=262_144,
         ge=16,
