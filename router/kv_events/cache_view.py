@@ -16,11 +16,15 @@ from kvfleet.router.kv_events.events import BlockRemoved, BlockStored, EventBatc
 ROOT_HASH = -1
 
 
-def token_block_hashes(token_ids: Sequence[int], block_size: int, *, max_blocks: int | None = None) -> list[int]:
-    """The router's chained hashes of the whole ``block_size``-token blocks of ``token_ids``.
+def token_block_hashes(
+    token_ids: Sequence[int], block_size: int, *, max_blocks: int | None = None, parent: int = ROOT_HASH
+) -> list[int]:
+    """The router's chained hashes of the whole ``block_size``-token blocks of ``token_ids``, chained
+    from ``parent`` (the router hash of the block before the first; ``ROOT_HASH`` for a prompt's start).
 
     Python's keyed hash (process-local, like ``prompt.block_hashes``): the view and the requests of
-    one router process compare them, nothing else does.
+    one router process compare them, nothing else does. The view hashes an event's blocks with this
+    same function, so the two cannot drift apart.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -28,7 +32,7 @@ def token_block_hashes(token_ids: Sequence[int], block_size: int, *, max_blocks:
     if max_blocks is not None:
         n = min(n, max_blocks)
     out: list[int] = []
-    previous = ROOT_HASH
+    previous = parent
     for start in range(0, n * block_size, block_size):
         previous = hash((previous, tuple(token_ids[start : start + block_size])))
         out.append(previous)
@@ -121,18 +125,18 @@ class CacheView:
                 result.skip("unknown-parent", n)
                 return
             previous = found
-        bs = event.block_size
-        tokens = event.token_ids
+        router_hashes = token_block_hashes(event.token_ids, event.block_size, max_blocks=n, parent=previous)
         router_of = self._router_of
         held = self._held
-        for j, engine_hash in enumerate(event.block_hashes):
-            previous = hash((previous, tokens[j * bs : (j + 1) * bs]))
+        # decode_batch checked there are block_size tokens per block hash; an event built by hand with
+        # fewer stores only its whole blocks.
+        for engine_hash, router_hash in zip(event.block_hashes, router_hashes, strict=False):
             old = router_of.pop(engine_hash, None)  # stored again: refresh its age, no double count
             if old is not None:
                 self._drop(old)
-            router_of[engine_hash] = previous
-            held[previous] = held.get(previous, 0) + 1
-        result.stored += n
+            router_of[engine_hash] = router_hash
+            held[router_hash] = held.get(router_hash, 0) + 1
+        result.stored += len(router_hashes)
 
     def _remove(self, event: BlockRemoved, result: ApplyResult) -> None:
         if event.medium not in (None, "GPU") or event.group_idx not in (None, 0):
