@@ -2,7 +2,7 @@
 
 This is the Python API local mode embeds: a settings object, a ``ReplicaSource`` and a ``WakeSignal``
 in; the source feeds the fleet, the proxy serves the OpenAI API on the router's HTTP server
-(router/http_server.py).
+(the ``http_server`` package).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,26 @@ from kvfleet.router.replicas import ReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import NoWakeSignal, WakeSignal
+from kvfleet_testkit.engines import Engine, start_engine
 from tests.conftest import pick_free_port
 
 BACKEND = Path(__file__).with_name("backend.py")
+
+
+@contextmanager
+def running_engines(
+    model_dir: Path, count: int, log_dir: Path, served: str, *args: str, prefix: str = "e"
+) -> Iterator[list[Engine]]:
+    """``count`` reference engines (``<prefix>0``, ...) serving ``served`` with ``args``; every one started
+    is stopped when the block ends, also when a later one fails to start."""
+    started: list[Engine] = []
+    try:
+        for i in range(count):
+            started.append(start_engine(model_dir, f"{prefix}{i}", log_dir, served, *args))
+        yield started
+    finally:
+        for engine in started:
+            engine.stop()
 
 
 @dataclass

@@ -15,9 +15,9 @@ from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.spec import RoutingSpec
-from kvfleet_testkit.engines import Engine, start_engine
+from kvfleet_testkit.engines import Engine
 
-from .conftest import running_router
+from .conftest import running_engines, running_router
 
 # Served names often hold a slash (Hugging Face ids); the SDK puts it into the path unescaped.
 SERVED = "acme/tiny-chat"
@@ -27,14 +27,8 @@ SERVED = "acme/tiny-chat"
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Engine]]:
     model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", layers=2, hidden=64, vocab=1024)
     logs = tmp_path_factory.mktemp("logs")
-    started: list[Engine] = []
-    try:
-        for i in range(2):
-            started.append(start_engine(model, f"e{i}", logs, SERVED, "--kv-blocks", "128"))
-        yield started
-    finally:
-        for engine in started:
-            engine.stop()
+    with running_engines(model, 2, logs, SERVED, "--kv-blocks", "128") as engines:
+        yield engines
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import pytest
 from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.spec import RoutingSpec
-from kvfleet_testkit.engines import Engine, start_engine
+from kvfleet_testkit.engines import Engine
 
-from .conftest import running_router
+from .conftest import running_engines, running_router
 
 SERVED = "tiny-chat"
 SYSTEM = "You are the support assistant of a hardware shop. Always answer in two short sentences. " * 6
@@ -24,14 +24,8 @@ SYSTEM = "You are the support assistant of a hardware shop. Always answer in two
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Engine]]:
     model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", layers=2, hidden=64, vocab=1024)
     logs = tmp_path_factory.mktemp("logs")
-    started: list[Engine] = []
-    try:
-        for i in range(2):
-            started.append(start_engine(model, f"e{i}", logs, SERVED, "--kv-blocks", "256", "--block-size", "16"))
-        yield started
-    finally:
-        for engine in started:
-            engine.stop()
+    with running_engines(model, 2, logs, SERVED, "--kv-blocks", "256", "--block-size", "16") as engines:
+        yield engines
 
 
 def chat(question: str, **extra: object) -> dict[str, object]:

@@ -15,9 +15,9 @@ import pytest
 from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.spec import RoutingSpec
-from kvfleet_testkit.engines import Engine, start_engine
+from kvfleet_testkit.engines import Engine
 
-from .conftest import running_router
+from .conftest import running_engines, running_router
 
 SERVED = "tiny-chat"
 MAX_TOKENS = 400
@@ -33,14 +33,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def engines(model_dir: Path, tmp_path: Path) -> Iterator[list[Engine]]:
-    started: list[Engine] = []
-    try:
-        for i in range(2):
-            started.append(start_engine(model_dir, f"m{i}", tmp_path, SERVED, "--kv-blocks", "256"))
-        yield started
-    finally:
-        for engine in started:
-            engine.stop()
+    with running_engines(model_dir, 2, tmp_path, SERVED, "--kv-blocks", "256", prefix="m") as engines:
+        yield engines
 
 
 def source_of(engines: list[Engine]) -> StaticReplicaSource:

@@ -1,4 +1,4 @@
-"""Drive the router's HTTP front end (router/http_server.py) in memory, for the fuzz target and the
+"""Drive the router's HTTP front end (the router/http_server/ package) in memory, for the fuzz target and the
 differential test against h11.
 
 The connection protocol is fed bytes directly and writes into a memory transport: a fuzzer needs
@@ -15,7 +15,8 @@ from typing import Any
 
 import h11
 
-from kvfleet.router.http_server import HttpRequest, HttpServer, HttpServerSettings, Responder, _Connection
+from kvfleet.router.http_server import HttpRequest, HttpServer, HttpServerSettings, Responder
+from kvfleet.router.http_server.connection import ClientConnection
 
 SETTINGS = HttpServerSettings(
     max_body_bytes=4096,
@@ -83,7 +84,7 @@ def serve_bytes(pieces: list[bytes], settings: HttpServerSettings = SETTINGS) ->
         server = HttpServer(handler, settings)
         server.loop = loop
         transport = MemoryTransport()
-        conn = _Connection(server)
+        conn = ClientConnection(server)
         conn.connection_made(transport)
         for piece in pieces:
             if transport.closing:

@@ -1,25 +1,9 @@
-"""The router's HTTP/1.1 server: asyncio protocols with ``httptools`` (llhttp) parsing requests.
+"""One client connection: llhttp's callbacks, the head and body bounds, and serving in order.
 
-Hand-written instead of aiohttp's server for CPU per request: the router spent ~70 us of its ~130 us
-per proxied request in aiohttp's request, response and writer objects (measured with py-spy under
-wrk; see docs/benchmarks/router.md), and a request through this server costs ~10 us. It does what a
-proxy's front end needs and no more:
-
-- keep-alive, HTTP/1.0 and 1.1, pipelined requests answered in order (reading pauses past a bound);
-- request bodies (``Content-Length`` or chunked) up to ``max_body_bytes``; a larger one is read and
-  dropped (up to a bound, then the connection is closed) and answered by the handler's 413;
-  ``Expect: 100-continue`` is answered;
-- whole responses in one write, or streamed ones (chunked framing) with flow control;
-- a client that goes away cancels its handler, so the upstream request is cancelled too;
-- idle connections closed after ``keepalive_timeout_s``; a malformed request gets 400 and a close;
-- bounds against hostile clients (nginx-like defaults, see ``HttpServerSettings``): a request head over
-  ``max_head_bytes`` or with more than ``max_headers`` header fields gets 431 and a close; a head not
-  complete ``head_timeout_s`` after its first byte gets 408 and a close (slowloris); connections past
-  ``max_connections`` in total or ``max_connections_per_client`` from one address are answered 503 and
-  closed at once, before anything is read;
-- ``close`` stops listening, lets in-flight requests finish for a grace period, then cancels them.
-
-The application is one ``Handler``: ``async (HttpRequest, Responder) -> None``.
+The parser feeds ``HttpRequest`` objects into a queue that one task serves, one request at a time,
+so pipelined requests are answered in order; anything the server refuses before the handler (an
+over-limit head, a bad transfer coding, a head that takes too long) is answered here, then the
+connection closes, with a lingering close so the answer is not lost to a TCP reset.
 """
 
 from __future__ import annotations
@@ -30,188 +14,22 @@ import json
 import logging
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from http import HTTPStatus
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
 from kvfleet.openai_shape import error_body
+from kvfleet.router.http_server.bounds import DISCARD_LIMIT_BYTES, LINGER_S, MAX_PIPELINED
+from kvfleet.router.http_server.messages import HttpRequest, Responder, reason_phrase
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from kvfleet.router.http_server.listener import HttpServer
 
-# Complete requests queued on one connection before reading from it pauses (pipelining bound).
-MAX_PIPELINED = 16
-# How long a refused connection's further input is read and dropped before it is closed.
-LINGER_S = 1.0
-# Bytes of an over-limit body read and dropped before the connection is closed instead.
-DISCARD_LIMIT_BYTES = 64 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class HttpServerSettings:
-    """The front end's bounds. The defaults follow nginx: 4 x 8 KiB header buffers (32 KiB of head),
-    ``client_header_timeout 60s``; 100 header fields is Apache's ``LimitRequestFields``."""
-
-    max_body_bytes: int
-    keepalive_timeout_s: float
-    shutdown_timeout_s: float
-    # Request line plus header fields, as received: llhttp buffers an unfinished header whole, so this
-    # is what bounds the memory a client can make a connection hold before its request is complete.
-    max_head_bytes: int = 32 * 1024
-    max_headers: int = 100
-    # From a head's first byte to its end: a client dripping a head byte by byte is cut off (slowloris).
-    head_timeout_s: float = 60.0
-    max_connections: int = 8192
-    max_connections_per_client: int = 1024
+# The server's logger, whichever module of it writes the record.
+log = logging.getLogger("kvfleet.router.http_server")
 
 
-class HttpRequest:
-    """One parsed request. ``body_too_large`` is set (and ``body`` empty) when it was over the limit."""
-
-    __slots__ = (
-        "body",
-        "body_too_large",
-        "http_version",
-        "keep_alive",
-        "method",
-        "path",
-        "query",
-        "raw_headers",
-        "remote",
-        "target",
-    )
-
-    def __init__(
-        self,
-        method: str,
-        path: str,
-        query: str,
-        raw_headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        body_too_large: bool,
-        http_version: str,
-        keep_alive: bool,
-        remote: str,
-        target: str = "",
-    ) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.raw_headers = raw_headers
-        self.body = body
-        self.body_too_large = body_too_large
-        self.http_version = http_version
-        self.keep_alive = keep_alive
-        self.remote = remote
-        self.target = target  # as sent
-
-    @property
-    def path_qs(self) -> str:
-        """The origin-form target to forward: as sent when it is one (an empty query kept), else rebuilt."""
-        if self.target.startswith("/"):
-            return self.target
-        return f"{self.path}?{self.query}" if self.query else self.path
-
-
-Headers = Iterable[tuple[str, str]]
-Handler = Callable[[HttpRequest, "Responder"], Awaitable[None]]
-
-
-class Responder:
-    """Writes one response: ``send`` (whole) or ``start`` + ``write``... + ``end`` (streamed)."""
-
-    __slots__ = ("_chunked", "_conn", "_keep_alive", "_version", "finished", "started")
-
-    def __init__(self, conn: _Connection, request: HttpRequest) -> None:
-        self._conn = conn
-        self._version = "1.1" if request.http_version == "1.1" else "1.0"
-        self._keep_alive = request.keep_alive
-        self._chunked = False
-        self.started = False
-        self.finished = False
-
-    def _head(self, status: int, reason: str | None, headers: Headers, framing: bytes, raw: bytes) -> bytes:
-        keep_alive = self._keep_alive and not self._conn.server.closing
-        self._keep_alive = keep_alive
-        phrase = reason or _reason(status)
-        lines = [f"HTTP/{self._version} {status} {phrase}\r\n".encode("latin-1")]
-        lines.extend(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers)
-        lines.append(raw)
-        lines.append(framing)
-        if not keep_alive:
-            lines.append(b"Connection: close\r\n")
-        elif self._version == "1.0":
-            lines.append(b"Connection: keep-alive\r\n")
-        lines.append(b"\r\n")
-        return b"".join(lines)
-
-    def send(
-        self, status: int, headers: Headers, body: bytes, *, reason: str | None = None, raw_headers: bytes = b""
-    ) -> None:
-        """The whole response, in one write. ``raw_headers``: more header lines, already ``Name: value\\r\\n``."""
-        if self.started:
-            raise RuntimeError("response already started")
-        self.started = self.finished = True
-        head = self._head(status, reason, headers, b"Content-Length: %d\r\n" % len(body), raw_headers)
-        self._conn.write(head + body)
-        self._conn.response_done(self._keep_alive)
-
-    def start(
-        self,
-        status: int,
-        headers: Headers,
-        *,
-        content_length: int | None = None,
-        reason: str | None = None,
-        raw_headers: bytes = b"",
-    ) -> None:
-        """The status line and headers; the body follows with ``write`` (chunked unless its length is known)."""
-        if self.started:
-            raise RuntimeError("response already started")
-        self.started = True
-        if content_length is not None:
-            framing = b"Content-Length: %d\r\n" % content_length
-        elif self._version == "1.1":
-            self._chunked = True
-            framing = b"Transfer-Encoding: chunked\r\n"
-        else:  # an HTTP/1.0 client: the body ends when the connection does
-            self._keep_alive = False
-            framing = b""
-        self._conn.write(self._head(status, reason, headers, framing, raw_headers))
-
-    async def write(self, data: bytes) -> None:
-        if not data:
-            return
-        if self._chunked:
-            self._conn.write(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
-            self._conn.write(data)
-        await self._conn.drain()
-
-    def end(self) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        if self._chunked:
-            self._conn.write(b"0\r\n\r\n")
-        self._conn.response_done(self._keep_alive)
-
-    def abort(self) -> None:
-        """Drop the connection: the client sees a truncated transfer, not a short body that looks complete."""
-        self.finished = True
-        self._conn.abort()
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
-
-
-class _Connection(asyncio.Protocol):
+class ClientConnection(asyncio.Protocol):
     """One client connection: parses requests and runs the handler for each, one at a time."""
 
     def __init__(self, server: HttpServer) -> None:
@@ -514,7 +332,7 @@ class _Connection(asyncio.Protocol):
             return
         body = json.dumps(error_body(reason, "invalid_request_error")).encode()
         head = (
-            f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: application/json\r\n"
+            f"HTTP/1.1 {status} {reason_phrase(status)}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         ).encode("latin-1")
         if self._task is not None:  # never interleave with a response being written
@@ -547,90 +365,3 @@ class _Refusal(Exception):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status
-
-
-class _ConnectionSet(set["_Connection"]):
-    def discard_if_present(self, conn: _Connection) -> bool:
-        if conn in self:
-            self.remove(conn)
-            return True
-        return False
-
-
-class HttpServer:
-    """Listens and serves ``handler``; ``port`` is the bound one after ``start``."""
-
-    def __init__(self, handler: Handler, settings: HttpServerSettings) -> None:
-        self.handler = handler
-        self.settings = settings
-        self.connections = _ConnectionSet()
-        self.per_client: dict[str, int] = {}
-        # Requests and connections refused before reaching the handler, by HTTP status (for metrics).
-        self.refusals: dict[int, int] = {}
-        self.closing = False
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._sweeper: asyncio.TimerHandle | None = None
-        self.loop: asyncio.AbstractEventLoop  # set by start; connections exist only after it
-
-    async def start(self, host: str, port: int) -> None:
-        self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(
-            lambda: _Connection(self), host, port, reuse_address=True, backlog=1024
-        )
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        self._schedule_sweep()
-
-    def admit(self, remote: str) -> str | None:
-        """Why a new connection from ``remote`` is refused, or None to accept it."""
-        if len(self.connections) >= self.settings.max_connections:
-            return f"the server holds its limit of {self.settings.max_connections} connections"
-        if self.per_client.get(remote, 0) >= self.settings.max_connections_per_client:
-            return f"{remote} holds the limit of {self.settings.max_connections_per_client} connections per client"
-        return None
-
-    def count_client(self, remote: str, delta: int) -> None:
-        count = self.per_client.get(remote, 0) + delta
-        if count > 0:
-            self.per_client[remote] = count
-        else:
-            self.per_client.pop(remote, None)
-
-    def _schedule_sweep(self) -> None:
-        # One timer for all connections (not one per request): idle ones are closed within 1.5x the
-        # keep-alive timeout, and heads that take too long within 1.5x the head timeout.
-        interval_s = min(self.settings.keepalive_timeout_s, self.settings.head_timeout_s) / 2
-        self._sweeper = self.loop.call_later(interval_s, self._sweep)
-
-    def _sweep(self) -> None:
-        now_s = self.loop.time()
-        cutoff_s = now_s - self.settings.keepalive_timeout_s
-        head_cutoff_s = now_s - self.settings.head_timeout_s
-        for conn in list(self.connections):
-            if conn.head_started_s is not None and conn.head_started_s < head_cutoff_s:
-                conn.head_timed_out(self.settings.head_timeout_s)
-            elif conn.last_activity_s < cutoff_s:
-                conn.close_if_idle()
-        if not self.closing:
-            self._schedule_sweep()
-
-    async def close(self) -> None:
-        """Stop listening; in-flight requests get ``shutdown_timeout_s`` to finish, then are cancelled."""
-        self.closing = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-        if self._server is not None:
-            self._server.close()
-        deadline_s = self.loop.time() + self.settings.shutdown_timeout_s
-        while True:
-            for conn in list(self.connections):
-                conn.close_if_idle()
-            busy = [c for c in self.connections if not c.idle()]
-            if not busy or self.loop.time() >= deadline_s:
-                break
-            await asyncio.sleep(0.05)
-        for conn in list(self.connections):
-            conn.abort()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
