@@ -1,4 +1,4 @@
-"""Front-end bounds for the engine's aiohttp server, the same as the router's (router/http_server.py).
+"""Front-end bounds for the engine's aiohttp server, the same as the router's (router/http_server/).
 
 aiohttp bounds one header line and the number of headers (answered 400), but has no bound on the
 time to receive a head and none on connections. ``ConnectionGuard`` wraps aiohttp's per-connection
@@ -130,7 +130,8 @@ class _Guarded(asyncio.Protocol):
             return 0, ""
         if self.head_started_s is None:
             self.head_started_s = now_s
-        if not self._boundary_now:  # see router/http_server.py: a head that began mid-read counts from the next
+        # A head that began mid-read counts from the next read (as router/http_server/connection.py does).
+        if not self._boundary_now:
             self._head_bytes += len(data)
             if self._head_bytes > settings.max_head_bytes:
                 return 431, f"request head is larger than the limit of {settings.max_head_bytes} bytes"

@@ -1,6 +1,6 @@
 """What a model's replicas hold in their KV caches, by their own events, and how the prefix scorer reads it.
 
-Each replica with an event subscription has a ``ReplicaEvents``: its ``CacheView`` (kv_events.py) and
+Each replica with an event subscription has a ``ReplicaEvents``: its ``CacheView`` (kv_events/cache_view.py) and
 whether the view can be used now. A view is used only while its subscription is connected and has
 received a batch since (re)connecting, so a dead or silent publisher never steers requests; a
 replica without events, or whose view is not usable, is scored by the router's learned index, as
