@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kvfleet.autoscaler.settings import AutoscalerSettings
+from kvfleet.autoscaler.settings import LeaseSettings
 from kvfleet.operator.rbac import RULES
 
 from .conftest import CHART, RELEASE, objects, render
@@ -29,7 +29,7 @@ OPERATOR_LEFT_OUT = {
     "kopf never reads a peering object"
 }
 
-LEASE_NAME = AutoscalerSettings.model_fields["lease_name"].default
+LEASE_NAME = LeaseSettings(namespace="default", identity="x").name  # the default Lease name
 
 EXPECTED: dict[str, list[dict[str, Any]]] = {
     "operator": [rule.to_k8s() for rule in RULES if (rule.api_group, *rule.resources) not in OPERATOR_LEFT_OUT],
