@@ -43,7 +43,8 @@ from botocore.config import Config
 
 from kvfleet.free_port import pick_free_port
 from kvfleet.weight_cache import NodeCacheSettings, PopulateSettings, PullSettings, S3Settings, make_client, populate
-from kvfleet.weight_cache.download import plan_parts, pull_to_dir
+from kvfleet.weight_cache.download import pull_to_dir
+from kvfleet.weight_cache.parts import plan_parts
 from kvfleet.weight_cache.pull import pull_model
 from kvfleet.weight_cache.s3 import S3Uri
 

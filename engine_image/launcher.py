@@ -4,6 +4,11 @@
 each one, then supervises the engine until it exits and returns the exit code the process should
 end with. Everything it talks to is injected (:class:`LaunchDeps`), so tests run it against
 moto's S3 server and a real reference engine without patching anything.
+
+The rooms it walks through live beside it: the artifact steps (``artifact_steps``: restore, trust,
+the fetch-or-rebuild decision, the push), the engine process (``supervisor``), readiness
+(``readiness``), and its HTTP surface, ``/metrics``, ``/coldstart`` and ``/progress``
+(``metrics_server``).
 """
 
 from __future__ import annotations
@@ -12,13 +17,9 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import json
-import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,22 +31,15 @@ import aiohttp
 from aiohttp import web
 
 from kvfleet.spec import InferenceDeploymentSpec
-from kvfleet.weight_cache.artifacts import ArtifactOffer, ArtifactPullResult
-from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint
+from kvfleet.weight_cache.fingerprint import Accelerator
 from kvfleet.weight_cache.progress import PullTracker
 
-from .artifact_decision import choose_rate, decide, measured_rate, read_node_rate, record_node_rate
-from .artifacts import artifact_fingerprint, probe_accelerator
-from .engine_args import (
-    REFERENCE_ARTIFACTS_SUBDIR,
-    REFERENCE_COMPILE_REPORT,
-    EngineCommand,
-    RenderError,
-    RenderInputs,
-    artifacts_ready_marker,
-    render_engine_command,
-)
+from .artifact_decision import measured_rate, record_node_rate
+from .artifact_steps import ArtifactSteps
+from .artifacts import probe_accelerator
+from .engine_args import EngineCommand, RenderError, RenderInputs, render_engine_command
 from .errors import EngineExitedError, LaunchError, SpecError
+from .events import log, log_event
 from .launch_spec import LaunchSpec
 from .metrics_server import ColdStartMetrics, make_app, start_metrics_server
 from .model_pin import pin_refusal, read_pin
@@ -55,10 +49,8 @@ from .settings import LauncherSettings
 from .sources import ArtifactStore, PulledWeights, WeightPuller
 from .supervisor import EngineProcess, engine_environment
 
-log = logging.getLogger("kvfleet.engine_image.launcher")
 T = TypeVar("T")
 
-ARTIFACT_POLL_S = 0.2
 # The model path the early dry-run render uses: only its validity checks matter there.
 _DRY_RUN_MODEL = Path("/model")
 
@@ -75,28 +67,6 @@ class LaunchDeps:
     # Where the engine's stderr is copied to (the launcher's own stderr by default).
     engine_stderr: BinaryIO | None = None
     render: Callable[[InferenceDeploymentSpec, RenderInputs], EngineCommand] = render_engine_command
-
-
-@dataclass
-class _ArtifactsState:
-    fingerprint: Fingerprint | None = None
-    directory: Path | None = None
-    hit: bool = False
-    pushed: bool = False
-    # The start-up work the engine did that the artifact would replace (seconds), for the push.
-    build_seconds: float | None = None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _log_event(event: str, **fields: Any) -> None:
-    log.info(json.dumps({"event": event, **fields}, default=str))
 
 
 def progress_log_due(last_logged_s: float | None, now_s: float, interval_s: float) -> bool:
@@ -117,13 +87,21 @@ class Launcher:
         self.metrics.track_pull(self.pull_progress.report)
         self._engine: EngineProcess | None = None
         self._weights: PulledWeights | None = None
-        self._artifacts = _ArtifactsState()
         self._stop_signal: int | None = None
         self._task: asyncio.Task[Any] | None = None
-        self._push_task: asyncio.Task[None] | None = None
         # Blocking work (pull, fetch, push) runs here rather than in asyncio's default executor,
         # which asyncio.run joins on exit: a stop during a long pull must not wait for it.
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvfleet-launcher")
+        self._artifacts = ArtifactSteps(
+            launch,
+            settings,
+            store=deps.artifacts,
+            accelerator=deps.accelerator,
+            clock=deps.clock,
+            recorder=self.recorder,
+            metrics=self.metrics,
+            in_thread=self._in_thread,
+        )
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
@@ -137,6 +115,7 @@ class Launcher:
     def report(self) -> dict[str, Any]:
         """The ``/coldstart`` document."""
         doc = self.recorder.report()
+        artifacts = self._artifacts.state
         doc.update(
             {
                 "name": self.launch.name,
@@ -144,8 +123,8 @@ class Launcher:
                 "servedName": self.launch.served_name,
                 "pod": self.deps.environ.get("KVFLEET_POD_NAME"),
                 "modelDigest": self._weights.digest if self._weights else None,
-                "artifactsFingerprint": self._artifacts.fingerprint.key if self._artifacts.fingerprint else None,
-                "artifactsPushed": self._artifacts.pushed,
+                "artifactsFingerprint": artifacts.fingerprint.key if artifacts.fingerprint else None,
+                "artifactsPushed": artifacts.pushed,
             }
         )
         return doc
@@ -170,7 +149,7 @@ class Launcher:
             if report is None:
                 continue  # a node-cache hit or a lock wait: nothing is moving
             last_logged = now
-            _log_event("pull_progress", progress=report.summary(), percent=report.percent, **report.to_doc())
+            log_event("pull_progress", progress=report.summary(), percent=report.percent, **report.to_doc())
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -178,7 +157,7 @@ class Launcher:
         """SIGTERM/SIGINT: forward to a running engine; before it starts, abandon the launch."""
         self._stop_signal = signum
         if self._engine is not None:
-            _log_event("signal_forwarded", signal=signal.Signals(signum).name, pid=self._engine.pid)
+            log_event("signal_forwarded", signal=signal.Signals(signum).name, pid=self._engine.pid)
             self._engine.send_signal(signum)
         elif self._task is not None:
             self._task.cancel()
@@ -235,210 +214,36 @@ class Launcher:
                 await self._in_thread(record_node_rate, self.settings.artifacts_dir, rate)
         return weights
 
-    async def _restore_artifacts(self, weights: PulledWeights) -> Path | None:
-        with self.recorder.phase("artifacts") as detail:
-            store = self.deps.artifacts
-            if not self.launch.spec.cache.artifacts.enabled or store is None:
-                detail.update(enabled=False)
-                return None
-            spec = self.launch.spec
-            accelerator = await self._in_thread(self.deps.accelerator, spec.resources.gpus >= 1)
-            # Compile-relevant flags come from the command the engine will run (paths do not matter).
-            fp = artifact_fingerprint(spec, weights.digest, accelerator, self._render(_DRY_RUN_MODEL, None).argv)
-            # A fresh directory of this launch's own: artifacts are unpacked here only after their
-            # signature and bytes were checked, and the engine's writes here are never trusted later.
-            directory = await self._in_thread(self._fresh_work_dir, fp)
-            state = self._artifacts
-            state.fingerprint, state.directory = fp, directory
-            try:
-                local = await self._in_thread(store.restore_local, fp, directory)
-            except LaunchError as e:
-                _log_event("artifacts_unavailable", fingerprint=fp.key, reason=e.reason)
-                local = ArtifactPullResult(hit=False, reason=e.reason, key=fp.key, warning=True)
-            if local.hit:
-                state.hit, source = True, "node-cache"
-                detail.update(reason=local.reason)
-            else:
-                if local.refusal is not None:
-                    self._refused(fp, "node", local.refusal, local.reason)
-                    detail.update(nodeRefused=local.refusal, nodeReason=local.reason)
-                state.hit, source = await self._from_bucket(store, fp, directory, detail)
-            detail.update(enabled=True, fingerprint=fp.key, hit=state.hit, source=source)
-        self.metrics.set_cache_hit("artifacts", state.hit)
-        return directory
-
-    def _fresh_work_dir(self, fp: Fingerprint) -> Path:
-        root = self.settings.artifacts_work_dir
-        root.mkdir(parents=True, exist_ok=True)
-        if self.settings.artifacts_work_root is not None:
-            # The pod's own emptyDir: only an earlier run of this container wrote here (a crash
-            # loop would otherwise pile up one unpacked artifact per restart). Outside a pod the
-            # default root may be shared by concurrent launchers, so nothing is removed there.
-            for leftover in root.iterdir():
-                shutil.rmtree(leftover, ignore_errors=True)
-        return Path(tempfile.mkdtemp(prefix=f"{fp.key[:16]}-", dir=root))
-
-    def _refused(self, fp: Fingerprint, where: str, refusal: str, reason: str) -> None:
-        """An artifact that is there but never loaded: logged with why, and counted."""
-        self.metrics.artifacts_refused.labels(reason=refusal, where=where).inc()
-        _log_event("artifacts_refused", fingerprint=fp.key, where=where, refused=refusal, reason=reason)
-
-    def _bucket_miss(
-        self, fp: Fingerprint, detail: dict[str, Any], refusal: str | None, reason: str
-    ) -> tuple[bool, str]:
-        """No artifact from the bucket: a plain miss, or a refusal (counted, with its reason)."""
-        detail.update(reason=reason)
-        if refusal is None:
-            return False, "miss"
-        self._refused(fp, "bucket", refusal, reason)
-        detail.update(refused=refusal)
-        return False, "refused"
-
-    async def _from_bucket(
-        self, store: ArtifactStore, fp: Fingerprint, directory: Path, detail: dict[str, Any]
-    ) -> tuple[bool, str]:
-        """Fetch the artifact when the bucket has a trusted one and fetching it beats rebuilding; (hit, source)."""
-        offer = await self._in_thread(store.describe, fp)
-        if not offer.found:
-            return self._bucket_miss(fp, detail, offer.refusal, offer.reason)
-        root = self.settings.artifacts_dir
-        pull = self.recorder.records.get("pull")
-        pulled = self._weights.bytes_fetched if self._weights else 0
-        candidates = [
-            measured_rate(pulled, pull.seconds, "this launch's weight pull") if pull else None,
-            await self._in_thread(read_node_rate, root),
-        ]
-        rate = choose_rate(candidates, self.settings.artifact_decision)
-        decision = decide(offer.size_bytes, offer.build_seconds, rate, self.settings.artifact_decision)
-        detail.update(
-            reason=decision.reason,
-            sizeBytes=offer.size_bytes,
-            buildSeconds=offer.build_seconds,
-            expectedFetchSeconds=round(decision.expected_fetch_s, 4),
-        )
-        _log_event("artifacts_decision", fingerprint=fp.key, use=decision.use, reason=decision.reason)
-        if not decision.use:
-            return False, "skipped"
-        started = self.deps.clock()
-        result = await self._fetch_artifacts(store, fp, directory, offer)
-        seconds = self.deps.clock() - started
-        detail.update(fetchSeconds=round(seconds, 4))
-        if not result.hit:
-            return self._bucket_miss(fp, detail, result.refusal, result.reason)
-        sample = measured_rate(offer.size_bytes, seconds, "node record")
-        if sample is not None:
-            await self._in_thread(record_node_rate, root, sample)
-        return True, "bucket"
-
-    async def _fetch_artifacts(
-        self, store: ArtifactStore, fp: Fingerprint, directory: Path, offer: ArtifactOffer
-    ) -> ArtifactPullResult:
-        # Artifacts only make a start faster: a bucket that fails here costs a rebuild, not the launch.
-        try:
-            result = await self._in_thread(store.fetch, fp, directory, offer)
-        except LaunchError as e:
-            _log_event("artifacts_unavailable", fingerprint=fp.key, reason=e.reason)
-            result = ArtifactPullResult(hit=False, reason=e.reason, key=fp.key, warning=True)
-        if not result.hit:
-            # The engine builds into the directory instead: it must start empty.
-            await self._in_thread(shutil.rmtree, directory, True)
-            await self._in_thread(functools.partial(directory.mkdir, parents=True, exist_ok=True))
-        return result
-
     async def _start_engine(self, command: EngineCommand) -> EngineProcess:
         for note in command.notes:
-            _log_event("engine_note", note=note)
-        _log_event("engine_command", argv=list(command.argv))
+            log_event("engine_note", note=note)
+        log_event("engine_command", argv=list(command.argv))
         env = engine_environment(self.deps.environ, command.env)
         try:
             return await EngineProcess.start(command.argv, env, stderr_sink=self.deps.engine_stderr)
         except OSError as e:
             raise LaunchError("engine_start", f"cannot start {command.argv[0]}: {e.strerror or e}") from e
 
-    async def _push_artifacts(self) -> None:
-        state, store = self._artifacts, self.deps.artifacts
-        assert state.fingerprint is not None and state.directory is not None and store is not None
-        start = self.deps.clock()
-        marker = artifacts_ready_marker(self.launch.spec.engine.kind)
-        try:
-            async with asyncio.timeout(self.settings.artifact_push_timeout_s):
-                if marker is not None:
-                    await self._wait_for_file(state.directory / marker)
-                    if _read_json(state.directory / marker).get("empty"):
-                        _log_event(
-                            "artifacts_push_skipped", fingerprint=state.fingerprint.key, reason="the engine built none"
-                        )
-                        return
-                await self._in_thread(store.push, state.fingerprint, state.directory, state.build_seconds)
-        except (TimeoutError, LaunchError) as e:
-            limit_s = self.settings.artifact_push_timeout_s
-            reason = e.reason if isinstance(e, LaunchError) else f"timed out after {limit_s:g} s"
-            _log_event("artifacts_push_failed", fingerprint=state.fingerprint.key, reason=reason)
-            return
-        state.pushed = True
-        self.metrics.artifacts_pushed.set(1)
-        _log_event("artifacts_pushed", fingerprint=state.fingerprint.key, seconds=round(self.deps.clock() - start, 4))
-
-    async def _wait_for_file(self, path: Path) -> None:
-        # The engine finishes writing its artifacts after it is ready; poll (bounded by the caller).
-        while not await self._in_thread(path.exists):
-            if self._engine is not None and self._engine.returncode is not None:
-                raise LaunchError("serve", f"engine exited before it wrote {path.name}")
-            await asyncio.sleep(ARTIFACT_POLL_S)
-
-    def _compile_detail(self, engine_start_s: float) -> dict[str, Any]:
-        """What the engine's compile did this start (reference engine: its own report), and the
-        build time an artifact pushed after this start replaces."""
-        state = self._artifacts
-        if state.directory is None:
-            return {}
-        report = _read_json(state.directory / REFERENCE_ARTIFACTS_SUBDIR / REFERENCE_COMPILE_REPORT)
-        if self.launch.spec.engine.kind == "reference":
-            if not report:
-                return {"compile": False}
-            if not report.get("cacheHit"):
-                state.build_seconds = float(report.get("compileSeconds", 0.0))
-            return {
-                "compileSeconds": report.get("compileSeconds"),
-                "compileCacheHit": report.get("cacheHit"),
-                "compileReason": report.get("reason"),
-            }
-        # vLLM and SGLang compile inside their start; without their own report, the whole start
-        # is the (upper-bound) build time the artifact replaces.
-        state.build_seconds = engine_start_s
-        return {}
-
     async def _run_phases(self, session: aiohttp.ClientSession) -> int:
         weights = await self._pull()
-        artifacts_dir = await self._restore_artifacts(weights)
+        artifacts_dir = await self._artifacts.restore(weights, lambda: self._render(_DRY_RUN_MODEL, None).argv)
         command = self._render(weights.path, artifacts_dir)
         with self.recorder.phase("engine_start") as detail:
             started = self.deps.clock()
             self._engine = engine = await self._start_engine(command)
             detail.update(pid=engine.pid)
             await wait_healthy(engine, self.settings.engine_url, self.settings.readiness, session)
-            detail.update(self._compile_detail(self.deps.clock() - started))
+            detail.update(self._artifacts.compile_detail(self.deps.clock() - started))
         with self.recorder.phase("first_ready"):
             await serve_first_token(
                 engine, self.settings.engine_url, self.launch.served_name, self.settings.readiness, session
             )
         total = self.recorder.total_seconds()
         self.metrics.set_total(total)
-        _log_event("coldstart", totalSeconds=round(total, 4), servedName=self.launch.served_name)
-        state, store = self._artifacts, self.deps.artifacts
-        if state.directory is not None and not state.hit and store is not None:
-            if store.can_push:
-                # After first_ready, so building and uploading the tar never delays readiness.
-                self._push_task = asyncio.create_task(self._push_artifacts(), name="artifacts-push")
-            else:
-                _log_event(
-                    "artifacts_push_skipped",
-                    fingerprint=state.fingerprint.key if state.fingerprint else None,
-                    reason="this launcher holds no artifact signing key (engine pods never do); "
-                    "a trusted builder signs and pushes artifacts",
-                )
+        log_event("coldstart", totalSeconds=round(total, 4), servedName=self.launch.served_name)
+        self._artifacts.start_push(engine)
         code = await engine.wait()
-        _log_event("engine_exited", code=code, signal=self._stop_signal)
+        log_event("engine_exited", code=code, signal=self._stop_signal)
         return code
 
     async def _run(self) -> int:
@@ -466,16 +271,12 @@ class Launcher:
             await self._cleanup(runner)
 
     async def _cleanup(self, runner: web.AppRunner) -> None:
-        if self._push_task is not None:
-            # A push that started is let finish (bounded by its own timeout): the artifacts are good.
-            await asyncio.wait({self._push_task})
+        await self._artifacts.wait_for_push()
         if self._engine is not None:
             if self._engine.returncode is None:
                 await self._engine.stop(self.settings.stop)
             await self._engine.aclose()
-        if self._artifacts.directory is not None:
-            # This launch's unpacked copy: the signed node copy serves the next launch.
-            await self._in_thread(shutil.rmtree, self._artifacts.directory, True)
+        await self._artifacts.remove_directory()
         if self._weights is not None and self._weights.release is not None:
             self._weights.release()
         await runner.cleanup()
@@ -496,7 +297,7 @@ class Launcher:
                 raise
             # The cancellation was ours (a stop signal before the engine existed), not the caller's.
             task.uncancel()
-            _log_event("launch_abandoned", signal=signal.Signals(self._stop_signal).name)
+            log_event("launch_abandoned", signal=signal.Signals(self._stop_signal).name)
             return 128 + self._stop_signal
 
 

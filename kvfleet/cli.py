@@ -17,8 +17,8 @@ LAZY_GROUPS: dict[str, tuple[str, str]] = {
     "crd": ("kvfleet.crd_cli:crd", "Generate or check the InferenceDeployment CRD."),
     "autoscaler": ("kvfleet.autoscaler.cli:autoscaler", "Scale deployments on traffic and utilization, to zero."),
     "operator": ("kvfleet.operator.cli:operator", "Run the Kubernetes operator; print its RBAC."),
-    "cache": ("kvfleet.weight_cache.cli:cache", "Populate and pull models through the S3 weight cache."),
-    "artifacts": ("kvfleet.weight_cache.cli:artifacts", "Push and pull fingerprinted engine artifacts."),
+    "cache": ("kvfleet.weight_cache.cli.cache:cache", "Populate and pull models through the S3 weight cache."),
+    "artifacts": ("kvfleet.weight_cache.cli.artifacts:artifacts", "Push and pull fingerprinted engine artifacts."),
     "router": ("kvfleet.router.cli:router", "Run the OpenAI-compatible, prefix-aware router."),
     # The engine's own commands plus the images' `launch`, joined where the launcher lives (it may
     # import the engine; the engine imports no other component).

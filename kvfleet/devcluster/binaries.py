@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .controlplane import COMPONENTS, ControlPlaneError
+from .settings import COMPONENTS, ControlPlaneError
 
 BIN_ENV = "KVFLEET_K8S_BIN"
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "k8s" / "build.sh"

@@ -11,7 +11,9 @@ import click
 
 from kvfleet.cli_options import format_data, output_format
 
-from .controlplane import ClusterSettings, ClusterState, ControlPlane, ControlPlaneError, _pid_alive, stop_root
+from .controlplane import ControlPlane
+from .processes import ClusterState, pid_alive, stop_root
+from .settings import ClusterSettings, ControlPlaneError
 
 
 def default_root() -> Path:
@@ -103,11 +105,11 @@ def status(root: Path, output: str) -> None:
         click.echo(f"no cluster at {root}")
         sys.exit(1)
     if output != "text":
-        running = {name: _pid_alive(pid) for name, pid in state.pids.items()}
+        running = {name: pid_alive(pid) for name, pid in state.pids.items()}
         processes = [{"name": n, "pid": p, "running": running[n]} for n, p in state.pids.items()]
         data = {"server": state.server, "kubeconfig": state.kubeconfig, "ports": state.ports, "processes": processes}
         click.echo(format_data(data, output), nl=False)
         return
     for name, pid in state.pids.items():
-        click.echo(f"{name:<24} pid {pid:<8} {'running' if _pid_alive(pid) else 'STOPPED'}")
+        click.echo(f"{name:<24} pid {pid:<8} {'running' if pid_alive(pid) else 'STOPPED'}")
     click.echo(f"server {state.server}\nkubeconfig {state.kubeconfig}")

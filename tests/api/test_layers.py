@@ -1,7 +1,8 @@
-"""The API package imports no component: ``kvfleet/*.py`` (the API types, shared helpers and the CLI)
-may import a component only inside a function (the CLI's commands do, lazily), never when the
-module is imported. Otherwise ``import kvfleet.spec`` would drag in the operator (and the operator's
-imports), and an arrow would point from the bottom of the house to a room above it."""
+"""The API package imports no component: ``kvfleet/*.py`` and ``kvfleet/spec/`` (the API types,
+shared helpers and the CLI) may import a component only inside a function (the CLI's commands do,
+lazily), never when the module is imported. Otherwise ``import kvfleet.spec`` would drag in the
+operator (and the operator's imports), and an arrow would point from the bottom of the house to a
+room above it."""
 
 from __future__ import annotations
 
@@ -63,13 +64,25 @@ def component_imports(source: str, package: str = "kvfleet") -> list[str]:
 
 
 def _api_modules(repo_root: Path) -> list[Path]:
-    return sorted((repo_root / "kvfleet").glob("*.py"))
+    """The API package's modules: ``kvfleet/*.py`` and the spec's package, ``kvfleet/spec/``."""
+    kvfleet = repo_root / "kvfleet"
+    return sorted([*kvfleet.glob("*.py"), *(kvfleet / "spec").glob("*.py")])
+
+
+def _package_of(module: Path, repo_root: Path) -> str:
+    """The package a module's relative imports resolve against (``kvfleet`` or ``kvfleet.spec``)."""
+    return ".".join(module.parent.relative_to(repo_root).parts)
 
 
 def test_api_modules_import_no_component(repo_root: Path) -> None:
     modules = _api_modules(repo_root)
-    assert {"spec.py", "status.py", "crd.py", "cli.py", "contracts.py"} <= {p.name for p in modules}
-    offenders = {p.name: found for p in modules if (found := component_imports(p.read_text()))}
+    names = {p.relative_to(repo_root / "kvfleet").as_posix() for p in modules}
+    assert {"spec/__init__.py", "spec/deployment.py", "status.py", "crd.py", "cli.py", "contracts.py"} <= names
+    offenders = {
+        p.relative_to(repo_root).as_posix(): found
+        for p in modules
+        if (found := component_imports(p.read_text(), _package_of(p, repo_root)))
+    }
     assert offenders == {}
 
 
@@ -93,6 +106,13 @@ def test_api_modules_import_no_component(repo_root: Path) -> None:
 )
 def test_the_check_finds_import_time_component_imports(source: str, found: list[str]) -> None:
     assert component_imports(source) == found
+
+
+def test_the_check_resolves_relative_imports_against_the_modules_package() -> None:
+    # kvfleet/spec/engine.py is the spec of the engine, not the engine component.
+    assert component_imports("from .engine import EngineSpec\n", "kvfleet.spec") == []
+    assert component_imports("from .engine import EngineSpec\n", "kvfleet") == ["1: kvfleet.engine"]
+    assert component_imports("from ..engine import core\n", "kvfleet.spec") == ["1: kvfleet.engine"]
 
 
 # The folders of the product's distribution (pyproject's package-dir): what the wheel and images hold.

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from support.real_cluster import BIN, Kubectl
 
-from kvfleet.devcluster.controlplane import ClusterState, ControlPlane, _pid_alive
+from kvfleet.devcluster.controlplane import ClusterState, ControlPlane
+from kvfleet.devcluster.processes import pid_alive
 
 
 def kvfleet(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -40,6 +41,6 @@ def test_up_prints_the_kubeconfig_and_down_removes_everything(control_plane: Con
         state = ClusterState.load(root)
         down = kvfleet("down", "--dir", str(root), env=env)
     assert down.returncode == 0, down.stderr
-    assert state is not None and not any(_pid_alive(pid) for pid in state.pids.values())
+    assert state is not None and not any(pid_alive(pid) for pid in state.pids.values())
     assert not root.exists()
     assert kvfleet("status", "--dir", str(root), env=env).returncode == 1

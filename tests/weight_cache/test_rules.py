@@ -12,7 +12,6 @@ import pytest
 from pydantic import ValidationError
 
 from kvfleet.weight_cache import DisallowedFileError, Manifest, ManifestError, PullSettings, UnsafePathError
-from kvfleet.weight_cache.download import backoff_s, plan_parts
 from kvfleet.weight_cache.eviction import CacheEntry, plan_eviction
 from kvfleet.weight_cache.fingerprint import (
     Accelerator,
@@ -22,6 +21,7 @@ from kvfleet.weight_cache.fingerprint import (
     read_driver_version,
 )
 from kvfleet.weight_cache.manifest import build_manifest
+from kvfleet.weight_cache.parts import backoff_s, plan_parts
 from kvfleet.weight_cache.s3 import S3Uri
 from kvfleet.weight_cache.safety import check_file_allowed, check_relative_path, classify, resolve_inside
 

@@ -1,0 +1,27 @@
+"""The local cluster's settings (where its files and binaries are, its fake GPU nodes, its
+address ranges, its bounds), its components in start order, and the one error every step raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Components in start order; ``stop`` goes in reverse so nothing loses the API under it.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+class ControlPlaneError(RuntimeError):
+    """A component would not start or become ready; the message names it and its log file."""
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    root: Path  # every file of the cluster (certificates, etcd data, logs); ``down`` removes it
+    bin_dir: Path  # kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok
+    gpu_nodes: int = 3  # kwok nodes; enough for a 3-replica deployment spread over nodes
+    gpus_per_node: int = 8  # nvidia.com/gpu capacity of each (an 8-GPU H100 node)
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"  # the nvidia.com/gpu.product label GPU Operator sets
+    service_cidr: str = "10.96.0.0/16"  # ClusterIPs; its first address is the kubernetes Service
+    pod_cidr: str = "10.244.0.0/16"  # kwok gives pods addresses from here
+    ready_timeout_s: float = 120.0  # per component; a cold etcd + API server is ready in ~10 s here
+    audit_log_max_mb: int = 200  # rotated past this; tests read the audit log of their own run
