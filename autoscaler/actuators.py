@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Protocol
+from datetime import datetime
+from typing import Any, Protocol
 
 from kvfleet.autoscaler.settings import FIELD_MANAGER
 from kvfleet.autoscaler.sources import Target
-from kvfleet.kube.client import KubeClient, KubeError, KubeNotFound
+from kvfleet.kube import KubeClient, KubeError, KubeNotFound, Ref
 from kvfleet.spec import API_VERSION, PLURAL
+from kvfleet.status import InferenceDeploymentStatus, status_patch, status_time
 
 log = logging.getLogger(__name__)
 
+INFERENCE_DEPLOYMENTS = Ref(API_VERSION, PLURAL)
 MAX_REASON_CHARS = 1024  # status.scaleReason's bound in the CRD
 
 
@@ -45,16 +47,15 @@ class Actuator(Protocol):
     async def apply(self, target: Target, command: ScaleCommand) -> None: ...
 
 
-def status_patch(command: ScaleCommand) -> dict[str, object]:
-    """The merge patch for the status subresource (only the autoscaler's three fields)."""
-    stamp = command.last_scale_time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "status": {
-            "desiredReplicas": command.desired_replicas,
-            "scaleReason": command.reason[:MAX_REASON_CHARS],
-            "lastScaleTime": stamp,
-        }
-    }
+def scale_status(command: ScaleCommand) -> dict[str, Any]:
+    """The status keys the autoscaler owns (desiredReplicas, scaleReason, lastScaleTime), built
+    through the status model; the operator's keys are not in it, so the merge patch leaves them."""
+    status = InferenceDeploymentStatus(
+        desired_replicas=command.desired_replicas,
+        scale_reason=command.reason[:MAX_REASON_CHARS],
+        last_scale_time=status_time(command.last_scale_time),
+    )
+    return status_patch(status)
 
 
 class KubernetesActuator:
@@ -64,9 +65,10 @@ class KubernetesActuator:
         self.api = api
 
     async def apply(self, target: Target, command: ScaleCommand) -> None:
-        path = f"/apis/{API_VERSION}/namespaces/{target.namespace}/{PLURAL}/{target.name}/status"
         try:
-            await self.api.merge_patch(path, status_patch(command), field_manager=FIELD_MANAGER)
+            await self.api.patch_status(
+                INFERENCE_DEPLOYMENTS, target.namespace, target.name, scale_status(command), field_manager=FIELD_MANAGER
+            )
         except KubeNotFound as e:
             raise TargetGone(f"{target.key} no longer exists") from e
         except KubeError as e:

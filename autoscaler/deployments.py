@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvfleet.autoscaler.sources import Target
-from kvfleet.kube.client import KubeClient
+from kvfleet.kube import KubeClient
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchSettings
 from kvfleet.resource import InferenceDeployment
 from kvfleet.spec import API_VERSION, KIND, PLURAL, AutoscalingSpec

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from kvfleet.autoscaler.settings import FIELD_MANAGER, LeaseSettings
-from kvfleet.kube.client import KubeClient, KubeConflict, KubeError, KubeNotFound
+from kvfleet.kube import KubeClient, KubeConflict, KubeError, KubeNotFound
 
 log = logging.getLogger(__name__)
 

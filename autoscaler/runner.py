@@ -18,7 +18,7 @@ from kvfleet.autoscaler.prometheus_source import PrometheusSource
 from kvfleet.autoscaler.server import build_app, start_server
 from kvfleet.autoscaler.settings import AutoscalerSettings
 from kvfleet.autoscaler.wake import WakeInbox, WakeToken
-from kvfleet.kube.client import KubeClient
+from kvfleet.kube import KubeClient
 from kvfleet.kube.watch import WatchCollector
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import kopf
-
-from kvfleet.operator.kube import Credentials, KubeClient
+from kvfleet.kube import KubeClient
 from kvfleet.operator.reconcile import INFD, Reconciler, ref_of
 from kvfleet.operator.render import Owner, kind_of, render_children
 from kvfleet.operator.replicas import decide_replicas
@@ -55,15 +53,15 @@ def doc(name: str) -> dict[str, Any]:
 
 async def always_apply(client: KubeClient, settings: OperatorSettings, name: str) -> None:
     """The baseline reconcile: render, then apply every child and the status, unconditionally."""
-    body = await client.get(INFD, NS, name)
+    body = await client.get_object(INFD, NS, name)
     assert body is not None
     spec, _ = validate_spec(body["spec"])
     assert spec is not None
     decision = decide_replicas(spec, None)
     owner = Owner(name, NS, body["metadata"]["uid"])
     for child in render_children(owner, spec, decision.replicas, settings, service_monitor=False):
-        await client.apply(ref_of(kind_of(child)), child, FIELD_MANAGER)
-    await client.patch_status(INFD, NS, name, body.get("status") or {}, FIELD_MANAGER)
+        await client.apply(ref_of(kind_of(child)), child, field_manager=FIELD_MANAGER)
+    await client.patch_status(INFD, NS, name, body.get("status") or {}, field_manager=FIELD_MANAGER)
 
 
 def count(cluster: Cluster, start: int) -> tuple[int, int]:
@@ -75,7 +73,7 @@ async def run(deployments: int, rounds: int) -> dict[str, Any]:
     settings = OperatorSettings()
     events: list[str] = []
     async for cluster in serve_cluster():
-        client = KubeClient(Credentials(kopf.ConnectionInfo(server=cluster.url, insecure=True)), timeout_s=30)
+        client = KubeClient.for_server(cluster.url, timeout_s=30, user_agent="kvfleet-operator")
         reconciler = Reconciler(client, settings, post_event=lambda obj, **kw: events.append(kw["reason"]))
         names = [f"m{i}" for i in range(deployments)]
         for name in names:

@@ -3,12 +3,16 @@
 The operator owns everything here except the autoscaler's decision (desiredReplicas,
 scaleReason, lastScaleTime). Nothing in status is ever read back as desired state by Argo CD,
 which is why the autoscaler writes its decision here and never into spec.
+
+Both writers build their status from these models and send ``status_patch(model)``: the wire
+keys come from the models' aliases (a misspelt key cannot reach the API server) and the values
+are validated on the way (a reason the CRD would refuse fails here, naming the field).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
@@ -75,3 +79,15 @@ class InferenceDeploymentStatus(StatusModel):
 
     def condition(self, type_: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
+
+
+def status_time(moment: datetime) -> datetime:
+    """``moment`` in UTC and whole seconds, the way status times are written (RFC 3339, ``...Z``)."""
+    return moment.astimezone(UTC).replace(microsecond=0)
+
+
+def status_patch(status: InferenceDeploymentStatus) -> dict[str, Any]:
+    """The wire form of the fields a writer set, for a merge patch of the status subresource: only
+    these keys change, so the operator's and the autoscaler's fields never overwrite each other.
+    Fields left unset (or set to None) are not sent: a merge patch's null would delete the key."""
+    return status.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")

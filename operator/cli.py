@@ -71,6 +71,8 @@ def run(
     artifact_keys_file: Path | None,
 ) -> None:
     """Run the operator (in a pod, or against the current kubeconfig)."""
+    from kvfleet.kube import KubeError
+
     from .runner import run_operator
 
     if all_namespaces and namespaces:
@@ -102,7 +104,10 @@ def run(
         logging.getLogger(__name__).warning("no --policy-file: every spec may use any host path, image and priority")
     else:
         logging.getLogger(__name__).info("spec policy: %s", settings.policy.model_dump(by_alias=True, mode="json"))
-    asyncio.run(run_operator(settings))
+    try:
+        asyncio.run(run_operator(settings))
+    except KubeError as e:  # no in-cluster account and no usable kubeconfig
+        raise click.ClickException(str(e)) from e
 
 
 @operator.command()

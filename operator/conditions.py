@@ -7,10 +7,18 @@ transition, and each transition becomes one Kubernetes Event (the reconciler pos
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from kvfleet.status import CONDITION_TYPES, ConditionStatus, ConditionType
+from kvfleet.status import (
+    CONDITION_TYPES,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    InferenceDeploymentStatus,
+    status_patch,
+    status_time,
+)
 
 from . import claims
 from .pod_health import PodDiagnosis
@@ -103,12 +111,8 @@ class Transition:
 
 @dataclass(frozen=True)
 class StatusPlan:
-    status: dict[str, Any]  # the status keys the operator owns, wire form
+    status: dict[str, Any]  # the status keys the operator owns, wire form (``status_patch`` of the model)
     transitions: tuple[Transition, ...]
-
-
-def rfc3339(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _rollout_state(dep: DeploymentObservation, desired: int) -> tuple[bool, str]:
@@ -216,24 +220,24 @@ def plan_status(obs: Observed, previous: dict[str, Any] | None, now: datetime) -
     """The new status (operator-owned keys) and the transitions since ``previous`` (live status)."""
     previous = previous or {}
     before = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
-    conditions: list[dict[str, Any]] = []
+    conditions: list[Condition] = []
     transitions: list[Transition] = []
     for cond in sorted(_conditions(obs), key=lambda c: CONDITION_TYPES.index(c.type)):
         old = before.get(cond.type)
         # lastTransitionTime moves only when the status flips (Kubernetes convention).
-        stamp = rfc3339(now)
+        stamp: Any = status_time(now)  # or the live RFC 3339 string, which the model parses
         if old is not None and old.get("status") == cond.status and old.get("lastTransitionTime"):
             stamp = str(old["lastTransitionTime"])
-        wire: dict[str, Any] = {
-            "type": cond.type,
-            "status": cond.status,
-            "reason": cond.reason,
-            "message": cond.message,
-            "lastTransitionTime": stamp,
-        }
-        if obs.generation is not None:
-            wire["observedGeneration"] = obs.generation
-        conditions.append(wire)
+        conditions.append(
+            Condition(
+                type=cond.type,
+                status=cond.status,
+                reason=cond.reason,
+                message=cond.message,
+                last_transition_time=stamp,
+                observed_generation=obs.generation,
+            )
+        )
         changed = old is None or old.get("status") != cond.status or old.get("reason") != cond.reason
         if changed and (old is not None or _noteworthy_first(cond)):
             warn = (cond.type == "Degraded" and cond.status == "True") or (
@@ -248,20 +252,20 @@ def plan_status(obs: Observed, previous: dict[str, Any] | None, now: datetime) -
         by_reason.setdefault(transition.condition.reason, transition)
     transitions = sorted(by_reason.values(), key=lambda t: CONDITION_TYPES.index(t.condition.type))
 
-    status: dict[str, Any] = {
-        "replicas": obs.deployment.replicas if obs.deployment is not None else 0,
-        "readyReplicas": obs.deployment.ready_replicas if obs.deployment is not None else 0,
-        "selector": obs.selector,
-        "endpoint": obs.endpoint,
-        "conditions": conditions,
-    }
-    if obs.generation is not None:
-        status["observedGeneration"] = obs.generation
-    # desiredReplicas is the autoscaler's while autoscaling is on; the operator only mirrors spec.
-    if not obs.autoscaling and obs.desired_replicas is not None:
-        status["desiredReplicas"] = obs.desired_replicas
-    if obs.measured_cold_start_s is not None:
-        status["measuredColdStartSeconds"] = round(obs.measured_cold_start_s, 3)
-    if obs.model_digest is not None:
-        status["modelDigest"] = obs.model_digest
-    return StatusPlan(status, tuple(transitions))
+    status = InferenceDeploymentStatus(
+        replicas=obs.deployment.replicas if obs.deployment is not None else 0,
+        ready_replicas=obs.deployment.ready_replicas if obs.deployment is not None else 0,
+        selector=obs.selector,
+        endpoint=obs.endpoint,
+        conditions=conditions,
+        observed_generation=obs.generation,
+        # desiredReplicas is the autoscaler's while autoscaling is on; the operator only mirrors spec.
+        desired_replicas=None if obs.autoscaling else obs.desired_replicas,
+        measured_cold_start_seconds=(
+            round(obs.measured_cold_start_s, 3) if obs.measured_cold_start_s is not None else None
+        ),
+        model_digest=obs.model_digest,
+    )
+    # None fields are left out of the patch: the keys another writer owns (the autoscaler's
+    # desiredReplicas while autoscaling) and figures not measured yet stay as they are.
+    return StatusPlan(status_patch(status), tuple(transitions))

@@ -14,11 +14,11 @@ from typing import Any
 
 import kopf
 
+from kvfleet.kube import KubeError
 from kvfleet.spec import GROUP, PLURAL, VERSION
 
 from . import claims
 from .claims import Claim
-from .kube import KubeError, Unavailable
 from .reconcile import Outcome, Reconciler
 from .settings import FINALIZER, KOPF_PREFIX, OperatorSettings
 
@@ -103,10 +103,9 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
 
         try:
             _check(await reconciler.reconcile(namespace, name, claimants), logger)
-        except Unavailable as e:
-            raise kopf.TemporaryError(f"API server unavailable: {e}", delay=ours.retry_delay_s) from e
         except KubeError as e:
-            raise kopf.TemporaryError(f"API call failed: {e}", delay=ours.retry_delay_s) from e
+            what = "API server unavailable" if e.retryable else "API call failed"
+            raise kopf.TemporaryError(f"{what}: {e}", delay=ours.retry_delay_s) from e
 
     @kopf.on.resume(*resource, registry=registry, retries=ours.max_retries)
     @kopf.on.create(*resource, registry=registry, retries=ours.max_retries)

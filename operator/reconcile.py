@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from kvfleet.kube import KubeClient, KubeError, KubeNotFound, KubeRejected, Ref
 from kvfleet.served_names import created_unix_s
 from kvfleet.spec import API_VERSION, KIND, PLURAL
 from kvfleet.validation import validate_spec
@@ -23,7 +24,6 @@ from .claims import Claim, Claimants, conflict_message, holder
 from .coldstart import ColdStartProbe, LauncherReport
 from .conditions import DeploymentObservation, Observed, plan_status
 from .drift import first_difference
-from .kube import KubeClient, KubeError, NotFound, Ref, Rejected
 from .pin import decide_pin, pin_from_configmap
 from .pod import pod_spec_hash
 from .pod_health import diagnose_pods
@@ -168,7 +168,7 @@ class Reconciler:
         outcome = Outcome()
         # Read the object afresh: a handler's body can lag behind our own last status write, and
         # planning from it would post the same transition twice.
-        body = await self._client.get(INFD, namespace, name)
+        body = await self._client.get_object(INFD, namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             outcome.gone = True
             return outcome
@@ -176,7 +176,7 @@ class Reconciler:
         generation = meta.get("generation")
         live_status: dict[str, Any] = body.get("status") or {}
         owner = Owner(name=name, namespace=namespace, uid=meta.get("uid"))
-        deployment_live = await self._client.get(ref_of(DEPLOYMENT), namespace, names.engine_name(name))
+        deployment_live = await self._client.get_object(ref_of(DEPLOYMENT), namespace, names.engine_name(name))
 
         spec, problems = validate_spec(body.get("spec"))
         refused = violations(spec, self._settings.policy) if spec is not None and not problems else []
@@ -205,7 +205,7 @@ class Reconciler:
         # The pin is decided before the children are rendered: a reset (spec.model changed) reaches
         # its ConfigMap before the Deployment's new pods start, and a new pin is written in this pass.
         measured, report = await self._measure_cold_start(namespace, name, deployment_live, pod_spec_hash(spec))
-        live_pin = await self._client.get(ref_of(CONFIGMAP), namespace, names.pin_configmap_name(name))
+        live_pin = await self._client.get_object(ref_of(CONFIGMAP), namespace, names.pin_configmap_name(name))
         pin = decide_pin(spec, pin_from_configmap(live_pin), report.model_digest if report else None)
         children = render_children(
             owner,
@@ -223,16 +223,16 @@ class Reconciler:
             elif child_name == names.pin_configmap_name(name):
                 live = live_pin
             else:
-                live = await self._client.get(ref_of(kind), namespace, child_name)
+                live = await self._client.get_object(ref_of(kind), namespace, child_name)
             difference = "(missing)" if live is None else first_difference(child, live)
             if difference is None:
                 continue
             try:
-                applied = await self._client.apply(ref_of(kind), child, FIELD_MANAGER)
-            except Rejected as e:
+                applied = await self._client.apply(ref_of(kind), child, field_manager=FIELD_MANAGER)
+            except KubeRejected as e:
                 # The API server refused the object; resending it unchanged would fail again, so
                 # report it and let the resync timer try at its calm pace.
-                outcome.apply_error = f"{kind.kind} {child_name}: {e.message}"
+                outcome.apply_error = f"{kind.kind} {child_name}: {e.detail}"
                 log.warning("apply of %s/%s refused: %s", kind.kind, child_name, e)
                 break
             outcome.applied.append(f"{kind.kind}/{child_name} ({difference})")
@@ -274,7 +274,7 @@ class Reconciler:
         if int((deployment.get("status") or {}).get("readyReplicas") or 0) >= desired:
             return None
         try:
-            pods = await self._client.list(PODS, namespace, names.selector_string(name))
+            pods = await self._client.list_objects(PODS, namespace, names.selector_string(name))
         except KubeError as e:
             log.info("cannot list engine pods of %s/%s to say why they are not ready: %s", namespace, name, e)
             return None
@@ -290,7 +290,7 @@ class Reconciler:
         if not ((deployment.get("status") or {}).get("readyReplicas") or 0):
             return None, None
         try:
-            pods = await self._client.list(PODS, namespace, names.selector_string(name))
+            pods = await self._client.list_objects(PODS, namespace, names.selector_string(name))
         except KubeError as e:
             # The figure is informative only; it must never hold up a reconcile.
             log.info("cannot list engine pods of %s/%s for the cold-start figure: %s", namespace, name, e)
@@ -310,8 +310,10 @@ class Reconciler:
         meta = body["metadata"]
         if first_difference(plan.status, live_status) is not None:
             try:
-                await self._client.patch_status(INFD, meta["namespace"], meta["name"], plan.status, FIELD_MANAGER)
-            except NotFound:
+                await self._client.patch_status(
+                    INFD, meta["namespace"], meta["name"], plan.status, field_manager=FIELD_MANAGER
+                )
+            except KubeNotFound:
                 outcome.gone = True
                 return
             outcome.status_written = True
@@ -329,7 +331,7 @@ class Reconciler:
             if kind is SERVICE_MONITOR and not await self._serves_service_monitors():
                 continue
             for child_name in _child_names(kind, name):
-                if await self._client.delete(ref_of(kind), namespace, child_name):
+                if await self._client.delete_object(ref_of(kind), namespace, child_name):
                     deleted.append(f"{kind.kind}/{child_name}")
         self.forget(namespace, name)
         return deleted

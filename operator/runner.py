@@ -1,4 +1,8 @@
-"""Run the operator: wire the settings, the API client, the reconciler and kopf together."""
+"""Run the operator: wire the settings, the API client, the reconciler and kopf together.
+
+One configuration (``kvfleet.kube.load_config``: in-cluster, else the kubeconfig) gives both the
+operator's ``KubeClient`` and kopf's login (``kvfleet.kube.kopf_login``), so they are one identity.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,18 @@ import threading
 from typing import Any, cast
 
 import kopf
+from lightkube.config.kubeconfig import SingleConfig
+
+from kvfleet.kube import KubeClient, load_config
+from kvfleet.kube.kopf_login import login_handler
 
 from .coldstart import ColdStartProbe
 from .handlers import build_registry, configure_kopf
-from .kube import Credentials, KubeClient
 from .pull_progress import PullProgressProbe
 from .reconcile import Reconciler
 from .settings import OperatorSettings
+
+USER_AGENT = "kvfleet-operator"
 
 
 def post_kopf_event(obj: dict[str, Any], *, type: str, reason: str, message: str) -> None:
@@ -24,17 +33,21 @@ def post_kopf_event(obj: dict[str, Any], *, type: str, reason: str, message: str
 async def run_operator(
     settings: OperatorSettings,
     *,
-    connection: kopf.ConnectionInfo | None = None,
+    config: SingleConfig | None = None,
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
     """Run until ``stop_flag`` is set (or forever).
 
-    ``connection`` skips the login (tests point it at a local API server); otherwise kopf's
-    client-library login finds in-cluster credentials or the kubeconfig.
+    ``config`` names the API server and credentials (tests point it at a local API server);
+    without it, the in-cluster service account or else the kubeconfig (``load_config``), loaded
+    again each time kopf logs in again. Raises ``KubeError`` when there is neither.
     """
-    credentials = Credentials(connection)
-    client = KubeClient(credentials, timeout_s=settings.api_timeout_s)
+
+    def load() -> SingleConfig:
+        return config if config is not None else load_config()
+
+    client = KubeClient(load(), timeout_s=settings.api_timeout_s, user_agent=USER_AGENT)
     coldstart = ColdStartProbe(
         port=settings.launcher_port,
         timeout_s=settings.coldstart_timeout_s,
@@ -50,13 +63,7 @@ async def run_operator(
     )
     registry = build_registry(reconciler, settings)
 
-    @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        info = connection if connection is not None else kopf.login_via_client(**kwargs)
-        if info is not None:
-            credentials.set(info)
-        return info
-
+    kopf.on.login(registry=registry)(login_handler(load))
     kopf_settings = kopf.OperatorSettings()
     configure_kopf(kopf_settings, settings)
     try:

@@ -200,7 +200,7 @@ def serve(
         raise click.UsageError("give either --kubernetes or one or more --replica MODEL=URL")
     source: ReplicaSource
     if kubernetes:
-        from kvfleet.kube.client import KubeClient, KubeError
+        from kvfleet.kube import KubeClient, KubeError
         from kvfleet.router.kubernetes_source import KubernetesReplicaSource
 
         try:

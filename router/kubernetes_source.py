@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from kvfleet.contracts import DEPLOYMENT_LABEL, ENGINE_HTTP_PORT_NAME, KV_EVENTS_PORT_NAME
+from kvfleet.kube import KubeClient
 from kvfleet.kube.backoff import Backoff
-from kvfleet.kube.client import KubeClient
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchCollector, WatchSettings
 from kvfleet.router.replicas import DeploymentView, Endpoint, FleetSink, NameConflict, Snapshot, resolve_claims
 from kvfleet.served_names import created_unix_s

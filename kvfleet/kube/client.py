@@ -1,10 +1,12 @@
-"""``KubeClient``: one kept HTTP connection pool to the API server, configured by lightkube.
+"""``KubeClient``: one kept HTTP connection pool to the API server, configured by lightkube; the one
+client of the operator, the router and the autoscaler.
 
 lightkube does what must not be hand-written: kubeconfig contexts and in-cluster service accounts,
 bearer tokens, ``tokenFile`` (re-read on a 401, so rotated service-account tokens are picked up),
 exec plugins, client certificates and TLS verification, and the pooled async HTTP client itself.
-This module adds only paths, JSON in and out, and one error tree mapped here, once: the status
-code, the API server's message and its ``Retry-After`` travel in the ``KubeError``.
+This module adds only paths, JSON in and out, the verbs the components use, and the mapping of
+every failure onto ``kvfleet.kube.errors`` (once, here): the status code, the API server's reason
+and message and its ``Retry-After`` travel in the ``KubeError``.
 
 Why requests by path rather than lightkube's typed ``get``/``watch``: the router and autoscaler
 read two resources as plain JSON (pydantic validates the spec), and lightkube's ``watch`` cannot
@@ -16,20 +18,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import httpx2
 from lightkube.config.client_adapter import AsyncClient as _lightkube_http_client
 from lightkube.config.client_adapter import ConnectionParams
-from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, KubeConfig, SingleConfig
-from lightkube.config.models import Cluster, User
+from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ConfigError
 
 from kvfleet.kube.backoff import parse_retry_after
+from kvfleet.kube.config import load_config, server_config
+from kvfleet.kube.errors import KubeError, KubeNotFound, KubeUnavailable, KubeUnreachable, error_for
+from kvfleet.kube.ref import Ref, group_path
 
 # httpx2 logs every request at INFO: a Lease renewal every 2 s would bury the log. Failures still
 # surface, as this module's KubeError, where the caller logs them with what they mean.
@@ -37,84 +39,7 @@ logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
-MAX_ERROR_CHARS = 500
-
-
-class KubeError(Exception):
-    """The API server refused a request or could not be reached. ``status`` is the HTTP status (None
-    when no answer came); ``retry_after_s`` the server's Retry-After, when it sent one."""
-
-    def __init__(self, message: str, status: int | None = None, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after_s = retry_after_s
-
-    @property
-    def retryable(self) -> bool:
-        """No answer, 429 (priority and fairness shedding load, storage initializing) or 5xx heal by
-        themselves; a 400/401/403/404 needs a person."""
-        return self.status is None or self.status == 429 or self.status >= 500
-
-
-class KubeNotFound(KubeError):
-    """404: the object (or its resource type) does not exist."""
-
-
-class KubeConflict(KubeError):
-    """409: already exists, or the resourceVersion precondition failed."""
-
-
-class KubeGone(KubeError):
-    """410: the resourceVersion asked for is older than the API server keeps (list again)."""
-
-
-class KubeUnavailable(KubeError):
-    """No answer: connection refused or reset, timeout, TLS failure, unreadable credentials."""
-
-
-class KubeUnreachable(KubeUnavailable):
-    """No connection could be made at all (refused, connect timeout): nothing was missed meanwhile
-    that a resumed watch would not replay."""
-
-
-_BY_STATUS: dict[int, type[KubeError]] = {404: KubeNotFound, 409: KubeConflict, 410: KubeGone}
-
-
-def error_for(status: int, message: str, retry_after_s: float | None = None) -> KubeError:
-    return _BY_STATUS.get(status, KubeError)(message[:MAX_ERROR_CHARS], status, retry_after_s)
-
-
-def load_config(kubeconfig: str | None = None, context: str | None = None) -> SingleConfig:
-    """The in-cluster service account when running in a pod and no kubeconfig or context is named;
-    else the kubeconfig (``kubeconfig``, else the first file in ``$KUBECONFIG``, else ~/.kube/config)."""
-    if kubeconfig is None and context is None:
-        try:
-            in_pod = KubeConfig.from_service_account().get()
-        except (ConfigError, KeyError):
-            in_pod = None  # not in a pod (no token, or no KUBERNETES_SERVICE_HOST): the kubeconfig
-        if in_pod is not None:
-            return in_pod
-    path = kubeconfig or (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or DEFAULT_KUBECONFIG
-    try:
-        config = KubeConfig.from_file(path).get(context)
-    except (ConfigError, OSError, KeyError, TypeError, ValueError) as e:
-        raise KubeError(f"kubeconfig {path}: {e}") from e
-    if config is None:
-        raise KubeError(f"kubeconfig {path}: no context")
-    user = config.user
-    if user is not None and user.token_file and not Path(user.token_file).is_absolute():
-        # kubectl reads a relative tokenFile from the kubeconfig's folder; lightkube from the cwd.
-        import msgspec
-
-        config = config._replace(user=msgspec.structs.replace(user, token_file=str(config.abs_file(user.token_file))))
-    return config
-
-
-def server_config(url: str) -> SingleConfig:
-    """A plain server URL and no credentials (a local emulator, ``kubectl proxy``)."""
-    config = KubeConfig.from_one(cluster=Cluster(server=url), user=User()).get()
-    assert config is not None
-    return config
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML, so the body is JSON
 
 
 class KubeClient:
@@ -129,8 +54,8 @@ class KubeClient:
         max_event_bytes: int = 2**21,
         user_agent: str = "kvfleet",
     ) -> None:
-        if not 0 < timeout_s <= 300:
-            raise ValueError(f"timeout_s must be in (0, 300], got {timeout_s}")
+        if not 0 < timeout_s <= 600:
+            raise ValueError(f"timeout_s must be in (0, 600], got {timeout_s}")
         if not 0 < connect_timeout_s <= 300:
             raise ValueError(f"connect_timeout_s must be in (0, 300], got {connect_timeout_s}")
         if not 2**12 <= max_event_bytes <= 2**26:
@@ -207,13 +132,17 @@ class KubeClient:
     @staticmethod
     def _status_error(where: str, status: int, text: str, headers: Mapping[str, str]) -> KubeError:
         message = f"{where}: HTTP {status}"
+        reason = None
         try:
-            detail = json.loads(text).get("message", "")
+            payload = json.loads(text)
+            detail = str(payload.get("message") or "")
+            reason = str(payload.get("reason") or "") or None
         except (ValueError, AttributeError):
             detail = text[:200]
         if detail:
             message += f" {detail}"
-        return error_for(status, message, parse_retry_after(headers.get("Retry-After")))
+        retry_after_s = parse_retry_after(headers.get("Retry-After"))
+        return error_for(status, message, retry_after_s, reason=reason, detail=detail or message)
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
         return await self.request("GET", path, params=params)
@@ -223,6 +152,52 @@ class KubeClient:
 
     async def merge_patch(self, path: str, body: dict[str, Any], *, field_manager: str) -> dict[str, Any]:
         return await self.request("PATCH", path, body, params={"fieldManager": field_manager}, content_type=MERGE_PATCH)
+
+    # --- verbs by resource type (``Ref``): the operator's reconcile and the autoscaler's actuator
+
+    async def get_object(self, ref: Ref, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await self.get(ref.item(namespace, name))
+        except KubeNotFound:
+            return None
+
+    async def list_objects(self, ref: Ref, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        result = await self.get(ref.collection(namespace), {"labelSelector": label_selector})
+        return [item for item in result.get("items") or [] if isinstance(item, dict)]
+
+    async def apply(self, ref: Ref, obj: dict[str, Any], *, field_manager: str) -> dict[str, Any]:
+        """Server-side apply; ``force`` takes fields back from whoever edited them by hand."""
+        meta = obj["metadata"]
+        path = ref.item(meta.get("namespace"), meta["name"])
+        params = {"fieldManager": field_manager, "force": "true"}
+        return await self.request("PATCH", path, obj, params=params, content_type=APPLY_PATCH)
+
+    async def patch_status(
+        self, ref: Ref, namespace: str, name: str, status: Mapping[str, Any], *, field_manager: str
+    ) -> dict[str, Any]:
+        """A merge patch of ``status`` through the status subresource (never touches spec): only the
+        keys in ``status`` change, so each writer sends only the fields it owns."""
+        return await self.merge_patch(
+            ref.item(namespace, name, "status"), {"status": dict(status)}, field_manager=field_manager
+        )
+
+    async def delete_object(self, ref: Ref, namespace: str | None, name: str) -> bool:
+        """Delete with background propagation; False when it was already gone."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        try:
+            await self.request("DELETE", ref.item(namespace, name), body)
+        except KubeNotFound:
+            return False
+        return True
+
+    async def serves(self, api_version: str, plural: str) -> bool:
+        """Discovery: does the server serve this resource? (Needs no RBAC: discovery is public.)"""
+        try:
+            doc = await self.get(group_path(api_version))
+        except KubeNotFound:
+            return False
+        return any(isinstance(r, dict) and r.get("name") == plural for r in doc.get("resources") or [])
 
     async def stream_events(self, path: str, params: Mapping[str, str], read_timeout_s: float) -> AsyncIterator[Any]:
         """One watch request: yields each event (a decoded JSON line) until the server ends the

@@ -27,7 +27,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from kvfleet.kube.backoff import Backoff
-from kvfleet.kube.client import KubeClient, KubeError, KubeGone, KubeUnreachable
+from kvfleet.kube.client import KubeClient
+from kvfleet.kube.errors import KubeError, KubeGone, KubeUnreachable
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import aiohttp.web
 import kmock
-import kopf
 
+from kvfleet.kube import server_config
 from kvfleet.operator.runner import run_operator
 from kvfleet.operator.settings import OperatorSettings
 
@@ -207,11 +207,11 @@ class RunningOperator:
 async def start_operator(cluster: Cluster, settings: OperatorSettings) -> RunningOperator:
     stop, ready = threading.Event(), threading.Event()
     errors: list[BaseException] = []
-    connection = kopf.ConnectionInfo(server=cluster.url, insecure=True)
+    config = server_config(cluster.url)
 
     def main() -> None:
         try:
-            asyncio.run(run_operator(settings, connection=connection, stop_flag=stop, ready_flag=ready))
+            asyncio.run(run_operator(settings, config=config, stop_flag=stop, ready_flag=ready))
         except BaseException as e:
             errors.append(e)
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from support.watch_api import WatchApi
 
+from kvfleet.kube import KubeClient, KubeError, KubeNotFound
 from kvfleet.kube.backoff import MAX_RETRY_AFTER_S, Backoff, parse_retry_after
-from kvfleet.kube.client import KubeClient, KubeError, KubeNotFound
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchSettings
 
 IDS = "/apis/kvfleet.io/v1alpha1/namespaces/team/inferencedeployments"

@@ -1,0 +1,75 @@
+"""The operator's kopf login, built from ``kvfleet.kube.config``: one credentials source for kopf's own
+client and the operator's ``KubeClient``.
+
+kopf's default login goes through the ``kubernetes`` client library, a second loader of the same
+kubeconfig with rules of its own. Here kopf is handed what lightkube loaded instead: the server and
+TLS settings as they are, and the ``Authorization`` header that lightkube's auth flow would send
+(a token, a re-read ``tokenFile``, an exec plugin's token, basic auth), so kopf and ``KubeClient``
+always present the same identity. kopf calls the login handler again when its own calls get a 401;
+the handler then loads the configuration afresh (a rotated token is read anew).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx2
+import kopf
+from lightkube.config.client_adapter import user_auth
+from lightkube.config.kubeconfig import SingleConfig
+from lightkube.core.exceptions import ConfigError
+
+from kvfleet.kube.errors import KubeError
+
+
+async def authorization_header(config: SingleConfig) -> str | None:
+    """The ``Authorization`` header lightkube's auth for ``config.user`` puts on a first request."""
+    if config.user is None:
+        return None
+    try:
+        auth = user_auth(config.user)
+        if auth is None:
+            return None
+        flow = auth.async_auth_flow(httpx2.Request("GET", config.cluster.server))
+        try:
+            request = await flow.__anext__()
+        finally:
+            await flow.aclose()
+    except (ConfigError, OSError, ValueError, KeyError) as e:
+        raise KubeError(f"credentials for {config.cluster.server}: {e}") from e
+    return request.headers.get("Authorization")
+
+
+async def connection_info(config: SingleConfig, *, trust_env: bool = False) -> kopf.ConnectionInfo:
+    """kopf's ``ConnectionInfo`` for ``config``: the same server, CA, client certificate and header."""
+    cluster, user = config.cluster, config.user
+    scheme = token = None
+    header = await authorization_header(config)
+    if header:
+        scheme, _, token = header.partition(" ")
+    return kopf.ConnectionInfo(
+        server=cluster.server,
+        ca_path=str(config.abs_file(cluster.certificate_auth)) if cluster.certificate_auth else None,
+        ca_data=cluster.certificate_auth_data,
+        insecure=cluster.insecure or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=str(config.abs_file(user.client_cert)) if user and user.client_cert else None,
+        certificate_data=user.client_cert_data if user else None,
+        private_key_path=str(config.abs_file(user.client_key)) if user and user.client_key else None,
+        private_key_data=user.client_key_data if user else None,
+        default_namespace=config.context.namespace,
+        trust_env=trust_env,
+    )
+
+
+def login_handler(load: Callable[[], SingleConfig]) -> Callable[..., object]:
+    """A ``@kopf.on.login`` handler that loads the configuration with ``load`` each time kopf logs in."""
+
+    async def login(*, settings: kopf.OperatorSettings, **_: object) -> kopf.ConnectionInfo:
+        try:
+            return await connection_info(load(), trust_env=settings.networking.trust_env)
+        except KubeError as e:
+            raise kopf.LoginError(str(e)) from e
+
+    return login
