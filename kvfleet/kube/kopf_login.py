@@ -11,7 +11,7 @@ the handler then loads the configuration afresh (a rotated token is read anew).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx2
 import kopf
@@ -63,7 +63,7 @@ async def connection_info(config: SingleConfig, *, trust_env: bool = False) -> k
     )
 
 
-def login_handler(load: Callable[[], SingleConfig]) -> Callable[..., object]:
+def login_handler(load: Callable[[], SingleConfig]) -> Callable[..., Awaitable[kopf.ConnectionInfo]]:
     """A ``@kopf.on.login`` handler that loads the configuration with ``load`` each time kopf logs in."""
 
     async def login(*, settings: kopf.OperatorSettings, **_: object) -> kopf.ConnectionInfo:

@@ -538,6 +538,11 @@ async def test_cli_runs_the_operator_with_kubeconfig_and_health(cluster: Cluster
         await cluster.create_infd(tiny())
         await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
         assert any(r.headers.get("Authorization") == "Bearer test-token" for r in list(cluster.api))
+        # One identity: kopf's own requests and the operator's client's carry the same credentials.
+        ours = [r for r in list(cluster.api) if r.headers.get("User-Agent") != "test-kubectl"]
+        agents = {r.headers.get("User-Agent", "").split("/")[0] for r in ours}
+        assert {"kopf", "kvfleet-operator"} <= agents
+        assert {r.headers.get("Authorization") for r in ours} == {"Bearer test-token"}
     finally:
         proc.terminate()
         try:

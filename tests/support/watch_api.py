@@ -10,7 +10,8 @@ apart there. This server (aiohttp, on a loopback port) does what the real API se
 - ``compact()`` forgets history: a watch from an older version gets an ERROR event with code 410
   in a 200 stream ("too old resource version"), as kube-apiserver sends it;
 - ``bookmark()`` sends a BOOKMARK carrying the current version to watches that asked for them;
-- ``fail_next(status, retry_after_s)`` answers the next requests with that status (429, 503).
+- ``fail_next(status, retry_after_s)`` answers the next requests with that status (429, 503), in a
+  Status object with the reason kube-apiserver gives that status.
 
 Every request is recorded (``requests``: verb, path, query) so tests count LISTs and WATCHes.
 """
@@ -25,6 +26,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+# metav1.StatusReason per HTTP status, as kube-apiserver sends them.
+STATUS_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}
 
 
 @dataclass
@@ -134,6 +151,8 @@ class WatchApi:
             status, retry_after = self.failures.pop(0)
             headers = {"Retry-After": str(int(retry_after))} if retry_after is not None else {}
             body = {"kind": "Status", "code": status, "message": f"scripted {status}"}
+            if status in STATUS_REASONS:
+                body["reason"] = STATUS_REASONS[status]
             return web.json_response(body, status=status, headers=headers)
         resource, namespace = self._parse(request.path)
         selector = query.get("labelSelector")
