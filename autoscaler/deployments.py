@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvfleet.autoscaler.sources import Target
-from kvfleet.kube import KubeClient
+from kvfleet.kube import KubeClient, Ref
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchSettings
 from kvfleet.resource import InferenceDeployment
 from kvfleet.spec import API_VERSION, KIND, PLURAL, AutoscalingSpec
@@ -71,8 +71,8 @@ class KubernetesDeployments:
     tick costs the API server nothing."""
 
     def __init__(self, api: KubeClient, namespace: str | None = None, settings: WatchSettings | None = None) -> None:
-        scope = f"/namespaces/{namespace}" if namespace else ""
-        self.watch = ResourceWatch(api, f"/apis/{API_VERSION}{scope}/{PLURAL}", self._changed, settings=settings)
+        path = Ref(API_VERSION, PLURAL).collection(namespace)
+        self.watch = ResourceWatch(api, path, self._changed, settings=settings)
         self._scaled: dict[ObjectKey, Scaled] = {}
         self.validations = 0
         """Objects validated so far: one per change seen (tests and logs read it)."""

@@ -19,9 +19,11 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from kvfleet.autoscaler.settings import FIELD_MANAGER, LeaseSettings
-from kvfleet.kube import KubeClient, KubeConflict, KubeError, KubeNotFound
+from kvfleet.kube import KubeClient, KubeConflict, KubeError, KubeNotFound, Ref
 
 log = logging.getLogger(__name__)
+
+LEASES = Ref("coordination.k8s.io/v1", "leases")
 
 Verdict = Literal["create", "renew", "acquire", "follow"]
 
@@ -69,8 +71,7 @@ class LeaseElector:
 
     @property
     def path(self) -> str:
-        s = self.settings
-        return f"/apis/coordination.k8s.io/v1/namespaces/{s.namespace}/leases/{s.name}"
+        return LEASES.item(self.settings.namespace, self.settings.name)
 
     @property
     def is_leader(self) -> bool:
@@ -112,7 +113,7 @@ class LeaseElector:
                     "spec": self._spec(now_s, 0, acquire=True),
                 }
                 self._written = await self.api.create(
-                    f"/apis/coordination.k8s.io/v1/namespaces/{self.settings.namespace}/leases",
+                    LEASES.collection(self.settings.namespace),
                     body,
                     field_manager=FIELD_MANAGER,
                 )

@@ -21,14 +21,17 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from kvfleet.contracts import DEPLOYMENT_LABEL, ENGINE_HTTP_PORT_NAME, KV_EVENTS_PORT_NAME
-from kvfleet.kube import KubeClient
+from kvfleet.kube import KubeClient, Ref
 from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchCollector, WatchSettings
 from kvfleet.router.replicas import DeploymentView, Endpoint, FleetSink, NameConflict, Snapshot, resolve_claims
 from kvfleet.served_names import created_unix_s
-from kvfleet.spec import GROUP, PLURAL, VERSION, InferenceDeploymentSpec, RoutingSpec
+from kvfleet.spec import API_VERSION, PLURAL, InferenceDeploymentSpec, RoutingSpec
 
 log = logging.getLogger(__name__)
+
+INFERENCE_DEPLOYMENTS = Ref(API_VERSION, PLURAL)
+ENDPOINT_SLICES = Ref("discovery.k8s.io/v1", "endpointslices")
 
 # The operator labels each engine Service with DEPLOYMENT_LABEL (EndpointSlices inherit it) and names
 # its ports ENGINE_HTTP_PORT_NAME and, only where the engines publish events, KV_EVENTS_PORT_NAME.
@@ -176,13 +179,12 @@ class KubernetesReplicaSource:
             backoff=Backoff(backoff_base_s, backoff_max_s),
             start_attempts=start_attempts,
         )
-        ns = f"/namespaces/{namespace}" if namespace else ""
         self.deployments = ResourceWatch(
-            client, f"/apis/{GROUP}/{VERSION}{ns}/{PLURAL}", self._deployment_changed, settings=settings
+            client, INFERENCE_DEPLOYMENTS.collection(namespace), self._deployment_changed, settings=settings
         )
         self.slices = ResourceWatch(
             client,
-            f"/apis/discovery.k8s.io/v1{ns}/endpointslices",
+            ENDPOINT_SLICES.collection(namespace),
             self._slice_changed,
             label_selector=DEPLOYMENT_LABEL,
             settings=settings,

@@ -8,8 +8,9 @@ This module adds only paths, JSON in and out, the verbs the components use, and 
 every failure onto ``kvfleet.kube.errors`` (once, here): the status code, the API server's reason
 and message and its ``Retry-After`` travel in the ``KubeError``.
 
-Why requests by path rather than lightkube's typed ``get``/``watch``: the router and autoscaler
-read two resources as plain JSON (pydantic validates the spec), and lightkube's ``watch`` cannot
+Why requests by path rather than lightkube's typed ``get``/``watch``: every component reads and
+writes objects as plain JSON (pydantic validates the spec; the operator renders its children as
+dicts and server-side applies them), and lightkube's ``watch`` cannot
 ask for bookmarks (``allowWatchBookmarks``), retries without back-off, and reports an HTTP-level
 410 or 429 as a bare ``HTTPStatusError``; ``kvfleet.kube.watch`` does those over ``stream``.
 """

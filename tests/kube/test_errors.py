@@ -3,8 +3,6 @@ scripted status as kube-apiserver does: a Status object with its reason and mess
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from support.watch_api import WatchApi
 
@@ -21,16 +19,6 @@ from kvfleet.kube import (
 )
 
 IDS = "/apis/kvfleet.io/v1alpha1/namespaces/team/inferencedeployments"
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[WatchApi]:
-    server = WatchApi()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 # status -> (the class callers catch, retryable): kvfleet/kube/errors.py says why for 401, 409, 5xx.

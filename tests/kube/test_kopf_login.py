@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +36,6 @@ def write_kubeconfig(folder: Path, server: str, user: dict[str, Any], cluster: d
     path = folder / "kubeconfig"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[WatchApi]:
-    server = WatchApi()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 USERS: dict[str, dict[str, Any]] = {

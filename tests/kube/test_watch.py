@@ -31,16 +31,6 @@ class Changes:
         self.seen.append((key[1], None if found is None else found["spec"]["value"]))
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[WatchApi]:
-    server = WatchApi()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
 @contextlib.asynccontextmanager
 async def watching(api: WatchApi, changes: Changes, **settings: Any) -> AsyncIterator[ResourceWatch]:
     settings.setdefault("backoff", Backoff(0.01, 0.05))
