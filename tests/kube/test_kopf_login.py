@@ -11,8 +11,10 @@ from typing import Any
 import kopf
 import pytest
 import yaml
+from click.testing import CliRunner
 from support.watch_api import WatchApi
 
+from kvfleet.cli import cli
 from kvfleet.kube import KubeClient, load_config
 from kvfleet.kube.kopf_login import connection_info, login_handler
 
@@ -98,3 +100,12 @@ async def test_no_configuration_is_a_login_error_naming_the_file(tmp_path: Path)
     login = login_handler(lambda: load_config(str(missing)))
     with pytest.raises(kopf.LoginError, match=f"kubeconfig {missing}"):
         await login(settings=kopf.OperatorSettings())
+
+
+def test_the_operator_without_credentials_exits_naming_the_kubeconfig(tmp_path: Path) -> None:
+    """Not in a pod and no kubeconfig: `kvfleet operator run` says which file it tried, no traceback."""
+    missing = tmp_path / "kubeconfig"
+    result = CliRunner().invoke(cli, ["operator", "run"], env={"KUBECONFIG": str(missing)})
+    assert result.exit_code == 1, result.output
+    assert f"Error: kubeconfig {missing}:" in result.output
+    assert "Traceback" not in result.output
