@@ -86,6 +86,15 @@ def test_api_modules_import_no_component(repo_root: Path) -> None:
     assert offenders == {}
 
 
+def test_the_kube_layer_imports_no_component(repo_root: Path) -> None:
+    """kvfleet.kube is a library layer under the operator, the router and the autoscaler: it may
+    import kopf and lightkube, never a component."""
+    modules = sorted((repo_root / "kvfleet" / "kube").glob("*.py"))
+    assert {"client.py", "errors.py", "watch.py", "kopf_login.py"} <= {p.name for p in modules}
+    offenders = {p.name: found for p in modules if (found := component_imports(p.read_text(), "kvfleet.kube"))}
+    assert offenders == {}
+
+
 @pytest.mark.parametrize(
     ("source", "found"),
     [
