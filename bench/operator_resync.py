@@ -27,6 +27,7 @@ from kvfleet.operator.reconcile import INFD, Reconciler, ref_of
 from kvfleet.operator.render import Owner, kind_of, render_children
 from kvfleet.operator.replicas import decide_replicas
 from kvfleet.operator.settings import FIELD_MANAGER, OperatorSettings
+from kvfleet.status import InferenceDeploymentStatus, status_patch
 from kvfleet.validation import validate_spec
 from kvfleet_testkit.kube_emulator import DEPLOYMENTS, Cluster, serve_cluster
 
@@ -61,7 +62,8 @@ async def always_apply(client: KubeClient, settings: OperatorSettings, name: str
     owner = Owner(name, NS, body["metadata"]["uid"])
     for child in render_children(owner, spec, decision.replicas, settings, service_monitor=False):
         await client.apply(ref_of(kind_of(child)), child, field_manager=FIELD_MANAGER)
-    await client.patch_status(INFD, NS, name, body.get("status") or {}, field_manager=FIELD_MANAGER)
+    status = InferenceDeploymentStatus.model_validate(body.get("status") or {})
+    await client.patch_status(INFD, NS, name, status_patch(status), field_manager=FIELD_MANAGER)
 
 
 def count(cluster: Cluster, start: int) -> tuple[int, int]:
