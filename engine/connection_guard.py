@@ -27,6 +27,8 @@ from typing import cast
 import httptools
 from aiohttp import web
 
+from kvfleet.client_connections import ClientConnections
+
 log = logging.getLogger(__name__)
 
 # How long a refused connection's further input is read and dropped before it is closed (see router).
@@ -197,7 +199,7 @@ class ConnectionGuard:
         self.settings = settings
         self.factory = factory
         self.connections: set[_Guarded] = set()
-        self.per_client: dict[str, int] = {}
+        self.clients = ClientConnections(settings.max_connections, settings.max_connections_per_client)
         self.refusals: dict[int, int] = {}
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -205,25 +207,17 @@ class ConnectionGuard:
         return _Guarded(self, self.factory())
 
     def admit(self, remote: str) -> str | None:
-        if len(self.connections) >= self.settings.max_connections:
-            return f"the server holds its limit of {self.settings.max_connections} connections"
-        if self.per_client.get(remote, 0) >= self.settings.max_connections_per_client:
-            return f"{remote} holds the limit of {self.settings.max_connections_per_client} connections per client"
-        return None
+        return self.clients.refusal(remote, len(self.connections))
 
     def enter(self, conn: _Guarded) -> None:
         self.connections.add(conn)
-        self.per_client[conn.remote] = self.per_client.get(conn.remote, 0) + 1
+        self.clients.opened(conn.remote)
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(self.settings.head_timeout_s / 2, self._sweep)
 
     def leave(self, conn: _Guarded) -> None:
         self.connections.discard(conn)
-        count = self.per_client.get(conn.remote, 0) - 1
-        if count > 0:
-            self.per_client[conn.remote] = count
-        else:
-            self.per_client.pop(conn.remote, None)
+        self.clients.closed(conn.remote)
 
     def _sweep(self) -> None:
         """One timer for all connections: a slow head is cut off within 1.5x the head timeout."""

@@ -72,7 +72,7 @@ class ClientConnection(asyncio.Protocol):
             self._refuse(503, refusal)
             return
         self.server.connections.add(self)
-        self.server.count_client(self._remote, +1)
+        self.server.clients.opened(self._remote)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):  # not TCP (a Unix socket): nothing to disable
@@ -122,7 +122,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.server.connections.discard_if_present(self):
-            self.server.count_client(self._remote, -1)
+            self.server.clients.closed(self._remote)
         self.closed = True
         self._pending.clear()
         if self._task is not None and not self._task.done():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from kvfleet.client_connections import ClientConnections
 from kvfleet.router.http_server.bounds import HttpServerSettings
 from kvfleet.router.http_server.connection import ClientConnection
 from kvfleet.router.http_server.messages import Handler
@@ -30,7 +31,7 @@ class HttpServer:
         self.handler = handler
         self.settings = settings
         self.connections = _ConnectionSet()
-        self.per_client: dict[str, int] = {}
+        self.clients = ClientConnections(settings.max_connections, settings.max_connections_per_client)
         # Requests and connections refused before reaching the handler, by HTTP status (for metrics).
         self.refusals: dict[int, int] = {}
         self.closing = False
@@ -49,18 +50,7 @@ class HttpServer:
 
     def admit(self, remote: str) -> str | None:
         """Why a new connection from ``remote`` is refused, or None to accept it."""
-        if len(self.connections) >= self.settings.max_connections:
-            return f"the server holds its limit of {self.settings.max_connections} connections"
-        if self.per_client.get(remote, 0) >= self.settings.max_connections_per_client:
-            return f"{remote} holds the limit of {self.settings.max_connections_per_client} connections per client"
-        return None
-
-    def count_client(self, remote: str, delta: int) -> None:
-        count = self.per_client.get(remote, 0) + delta
-        if count > 0:
-            self.per_client[remote] = count
-        else:
-            self.per_client.pop(remote, None)
+        return self.clients.refusal(remote, len(self.connections))
 
     def _schedule_sweep(self) -> None:
         # One timer for all connections (not one per request): idle ones are closed within 1.5x the

@@ -282,7 +282,7 @@ async def test_connections_past_the_per_client_and_total_caps_get_503_and_a_clos
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert (await read_response(reader))[0] == 200
-        assert server.per_client == {"127.0.0.1": 4, "127.0.0.2": 2}
+        assert server.clients.per_client == {"127.0.0.1": 4, "127.0.0.2": 2}
         for _, w in [*held[1:], *more, (reader, writer)]:
             w.close()
         assert server.refusals == {503: 2}
