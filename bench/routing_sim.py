@@ -49,8 +49,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvfleet.router.picking import Candidate, PickRequest, build_strategy
 from kvfleet.router.peer_load import PeerLoads
+from kvfleet.router.picking import Candidate, PickRequest, build_strategy
 from kvfleet.router.placement import BranchIndex, home
 from kvfleet.router.prefix_index import PrefixIndex
 from kvfleet.router.prompt import block_hashes
@@ -687,7 +687,9 @@ def simulate(
                 loads = [
                     Load(
                         max(mine[k].assigned, round(seen[k].assigned + x * (mine[k].assigned - at[k].assigned))),
-                        max(mine[k].unanswered, round(seen[k].unanswered + x * (mine[k].unanswered - at[k].unanswered))),
+                        max(
+                            mine[k].unanswered, round(seen[k].unanswered + x * (mine[k].unanswered - at[k].unanswered))
+                        ),
                     )
                     for k in range(n_present)
                 ]
@@ -976,9 +978,9 @@ def run_fleet(p: Params, only: list[str], n_routers: int, strategies: Sequence[s
         restarts[workload] = {}
         middle = trace[p.warmup_requests + (len(trace) - p.warmup_requests) // 2].arrival_s
         for name, strategy in fleet_strategies(p).items():
-            if strategies and name != FLEET_BASELINE and name not in FLEET_GOAL_STRATEGIES:
-                if not any(part in name for part in strategies):
-                    continue
+            always = name == FLEET_BASELINE or name in FLEET_GOAL_STRATEGIES
+            if strategies and not always and not any(part in name for part in strategies):
+                continue
             per: dict[str, dict[str, float]] = {}
             for routers in (1, n_routers):
                 r = per[str(routers)] = simulate(trace, strategy.factory, p, fleet=strategy.fleet(routers))
@@ -1077,7 +1079,11 @@ def write_fleet(out: Path, run: FleetRun, elapsed_s: float) -> None:
     lines = [
         describe(run.params),
         f"Routers: 1 and {run.routers}, each request to one at random; each router has its own index and its "
-        f"own in-flight counts; `+ engine load`: it also reads every engine's own counts every {SHARED_LOAD_S:g} s.",
+        f"own in-flight counts; `+ engine load`: it also reads every engine's own counts every {SHARED_LOAD_S:g} s "
+        "(all routers at once), and adds its own sends and completions since; `staggered, own x routers`: each "
+        "router reads at its own phase, and counts its own sends and completions since x the routers; "
+        "`+ peer load (t)`: each router adds the other routers' own counts, which they report on every change "
+        "and it receives t later (`kvfleet.router.peer_load`).",
         "",
         f"| workload | strategy | hit rate (1 -> {n} routers) | imbalance | TTFT mean (ms) | TTFT p99 (ms) |",
         "|---|---|---|---|---|---|",

@@ -23,6 +23,7 @@ from kvfleet.router.engine_caches import EngineCaches
 from kvfleet.router.errors import ModelNotFoundError
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.outlier import OutlierDetector
+from kvfleet.router.peer_load import PeerLoads
 from kvfleet.router.picking import Candidate, Pick, PickRequest, Strategy, build_strategy
 from kvfleet.router.placement import BranchIndex, home
 from kvfleet.router.prefix_index import PrefixIndex
@@ -50,6 +51,7 @@ class _Model:
     caches: EngineCaches | None = None  # the replicas' KV-cache event views (None: events off)
     subscriptions: dict[str, EventSubscription] = field(default_factory=dict)
     replicas: dict[str, ReplicaLoad] = field(default_factory=dict)
+    peers: PeerLoads = field(default_factory=PeerLoads)  # the other routers' reported counts (peer_load.py)
     first_seen_unix_s: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -151,6 +153,7 @@ class Fleet:
                     view=view,
                     index=index,
                     caches=caches,
+                    peers=PeerLoads(self._settings.peer_load_max_age_s),
                     strategy=self._strategy(view, index, caches),
                     queue=HoldQueue(
                         served_name,
@@ -183,6 +186,7 @@ class Fleet:
             # In-flight requests to it hold their own URL and finish; only the router's memory of it goes.
             del model.replicas[replica_id]
             self._outliers.forget(replica_id)
+            model.peers.forget_replica(replica_id)
             self._unsubscribe(model, replica_id)
         for replica_id, endpoint in wanted.items():
             replica = model.replicas.get(replica_id)
@@ -275,6 +279,10 @@ class Fleet:
         model = self._find(served_name)
         return {r: rep.waiting for r, rep in model.replicas.items()} if model else {}
 
+    def peers_live(self, served_name: str) -> int:  # other routers whose reported counts are added now
+        model = self._find(served_name)
+        return model.peers.live_peers(self._clock()) if model else 0
+
     def queue_depth(self, served_name: str) -> int:
         model = self._find(served_name)
         return len(model.queue) if model else 0
@@ -323,6 +331,7 @@ class Fleet:
                 Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s), rep.waiting)
                 for r, rep in model.replicas.items()
             ]
+        picked_from = model.peers.add_to(candidates, now_s)  # the fleet's load where peers report it
         branches = model.branches
         key, block = home(branches, hashes) if branches is not None else (None, 0)
         if key is not None:
@@ -331,8 +340,16 @@ class Fleet:
             request = PickRequest(hashes, exclude, key, block, hashes.engine_blocks, hashes.engine_block_size)
         else:
             request = PickRequest(hashes, exclude, key, block)
-        pick = model.strategy.pick(candidates, request)
+        pick = model.strategy.pick(picked_from, request)
         return self._lease(model, pick, request) if pick is not None else None
+
+    def peer_report(self, model_name: str, peer_id: str, seq: int, counts: Sequence[tuple[str, int, int]]) -> str:
+        """Another router's own counts for the model's replicas (``PeerLoads.apply``; unknown replicas left out)."""
+        model = self._find(model_name)
+        if model is None:
+            return "unknown model"
+        known = model.replicas
+        return model.peers.apply(peer_id, seq, [c for c in counts if c[0] in known], self._clock())
 
     async def acquire(
         self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()

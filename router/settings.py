@@ -173,6 +173,15 @@ class RouterSettings(BaseModel):
             "noise from moving prompts off their home (docs/benchmarks/router.md, section 4)."
         ),
     )
+    peer_load_max_age_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description=(
+            "Another router's reported load counts while it was heard within this many seconds; older, it counts "
+            "for nothing (each router then picks on its own counts alone, as with no peers). docs/router.md."
+        ),
+    )
     kv_events_port: int | None = Field(
         default=None,
         ge=1,
