@@ -12,8 +12,9 @@ A datagram: 32 bytes of HMAC over the rest, then JSON ``{"peer", "seq", "model",
 in flight, waiting], ...]}``; at most ``MAX_REPLICAS_PER_DATAGRAM`` replicas each (a model with more
 is sent in several). ``peer`` names this process (host, pid and a random part), so a restarted router
 is a new peer and the old one ages out; ``seq`` only grows, so a replayed or late datagram is stale.
-Peers are a static list of ``host:port`` (the router Service's other endpoints); a router that finds
-itself in the list ignores its own datagrams.
+Peers are ``host:port`` names, each looked up every ``RESOLVE_EVERY_S`` for all its addresses (a
+headless Service's name gives every router pod; at most ``MAX_PEER_ADDRESSES``); a router that finds
+itself among them ignores its own datagrams.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 TAG_BYTES = 32
 MAX_REPLICAS_PER_DATAGRAM = 256  # ~12 KiB of JSON at most: well under a UDP datagram's 64 KiB
 MAX_DATAGRAM_BYTES = 64 * 1024
+MAX_PEER_ADDRESSES = 64
+RESOLVE_EVERY_S = 5.0  # routers come and go with their pods: peers' names are looked up again this often
 
 
 def sign(key: bytes, body: bytes) -> bytes:
@@ -105,16 +108,27 @@ class PeerLink(asyncio.DatagramProtocol):
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        for address in self._settings.peer_load_peers:
-            host, _, peer_port = address.rpartition(":")
-            infos = await loop.getaddrinfo(host.strip("[]"), int(peer_port), type=socket.SOCK_DGRAM)
-            self._peers.append((str(infos[0][4][0]), int(infos[0][4][1])))
         local = (self._settings.host, self._settings.peer_load_port or 0)
         transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=local)
         self._transport = transport
         self.port = transport.get_extra_info("sockname")[1]
+        await self.resolve()
         self._task = loop.create_task(self._send_loop())
-        log.info("peer load: %s on port %d, %d peers", self.name, self.port, len(self._peers))
+        log.info("peer load: %s on port %d, %d peer addresses", self.name, self.port, len(self._peers))
+
+    async def resolve(self) -> None:
+        """Every address each ``host:port`` names: a headless Service's name gives every router pod."""
+        loop = asyncio.get_running_loop()
+        found: set[tuple[str, int]] = set()
+        for address in self._settings.peer_load_peers:
+            host, _, port = address.rpartition(":")
+            try:
+                infos = await loop.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_DGRAM)
+            except OSError as e:  # not resolvable now (no router pod ready yet): the next look tries again
+                log.debug("peer load: %s: %s", address, e)
+                continue
+            found.update((str(info[4][0]), int(info[4][1])) for info in infos)
+        self._peers = sorted(found)[:MAX_PEER_ADDRESSES]
 
     async def close(self) -> None:
         if self._task is not None:
@@ -125,9 +139,12 @@ class PeerLink(asyncio.DatagramProtocol):
             self._transport.close()
 
     async def _send_loop(self) -> None:
-        full_at = 0.0
+        full_at = resolve_at = 0.0
         while True:
             now = self._clock()
+            if now >= resolve_at:
+                resolve_at = now + RESOLVE_EVERY_S
+                await self.resolve()
             full = now >= full_at
             if full:
                 full_at = now + self._settings.peer_load_full_interval_s
