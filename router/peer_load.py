@@ -95,12 +95,12 @@ class PeerLoads:
         if not live:
             return candidates
         out = []
-        for c in candidates:
-            inflight, waiting = c.inflight, c.waiting
+        for c in candidates:  # per routed request: plain loops and the tuple's own constructor (no _replace)
+            replica_id, inflight, draining, ejected, waiting = c
             for counts in live:
-                found = counts.get(c.replica_id)
+                found = counts.get(replica_id)
                 if found is not None:
                     inflight += found[0]
                     waiting += found[1]
-            out.append(c._replace(inflight=inflight, waiting=waiting))
+            out.append(type(c)(replica_id, inflight, draining, ejected, waiting))
         return out
