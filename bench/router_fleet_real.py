@@ -14,7 +14,8 @@ processes (empty) and fresh prompts (so the engines start cold on them):
   events (the engines publish them in every configuration; only these routers read them), prompts
   tokenized with the model's tokenizer and chat template;
 - ``kvfleet + KV events + peer load, 3 routers``: the same, and each router sends its per-replica
-  counts to the two others over signed UDP (``peer_load_port``; router/peer_link.py).
+  counts to the two others over signed UDP (``peer_load_port``; router/peer_link.py);
+- ``kvfleet + KV events, 1 router``: one such router (what the three should route like).
 
 Two workloads: multi-turn chat (a shared system prompt, conversations whose prompts grow turn by
 turn; consecutive turns of a conversation are spread apart in the trace, so they reach different
@@ -62,8 +63,13 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {  # name -> (routers, extra `router
     "round-robin, 3 routers": (3, ["--strategy", "round-robin"]),
     "kvfleet + KV events, 3 routers": (3, ["--strategy", "prefix"]),
     "kvfleet + KV events + peer load, 3 routers": (3, ["--strategy", "prefix"]),
+    "kvfleet + KV events, 1 router": (1, ["--strategy", "prefix"]),
 }
-EVENTS_CONFIGS = {"kvfleet + KV events, 3 routers", "kvfleet + KV events + peer load, 3 routers"}
+EVENTS_CONFIGS = {
+    "kvfleet + KV events, 3 routers",
+    "kvfleet + KV events + peer load, 3 routers",
+    "kvfleet + KV events, 1 router",
+}
 PEER_LOAD_CONFIGS = {"kvfleet + KV events + peer load, 3 routers"}  # the routers report their counts to each other
 
 
