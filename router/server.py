@@ -74,7 +74,8 @@ class RouterServer:
         self.port = settings.port
         self.peer_link: PeerLink | None = None  # the other routers' load (peer_link.py), where configured
         if settings.peer_load_port is not None and settings.peer_load_key_file:
-            self.peer_link = PeerLink(self.fleet, settings, read_key(settings.peer_load_key_file), clock=clock)
+            self.peer_link = link = PeerLink(self.fleet, settings, read_key(settings.peer_load_key_file), clock=clock)
+            self.metrics.track_peer_load(lambda: dict(link.received))
 
     @property
     def url(self) -> str:

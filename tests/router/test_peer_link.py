@@ -118,6 +118,8 @@ async def test_forged_and_malformed_datagrams_are_refused_and_change_nothing(tmp
         assert received["refused: peer, model or seq missing or mistyped"] == 1
         assert received["refused: a count is not [replica, in flight, waiting]"] == 1
         assert fleet_inflight(target.fleet) == 0  # nothing of the forged 999s was counted
+        text = target.metrics.render().decode()
+        assert 'kvfleet_router_peer_load_reports_total{outcome="refused: bad signature"} 2.0' in text
     finally:
         for r in routers:
             await r.stop()
