@@ -343,13 +343,14 @@ class Fleet:
         pick = model.strategy.pick(picked_from, request)
         return self._lease(model, pick, request) if pick is not None else None
 
-    def peer_report(self, model_name: str, peer_id: str, seq: int, counts: Sequence[tuple[str, int, int]]) -> str:
+    def peer_report(
+        self, model_name: str, peer_id: str, seq: int, counts: Sequence[tuple[str, int, int]], full: bool = False
+    ) -> str:
         """Another router's own counts for the model's replicas (``PeerLoads.apply``; unknown replicas left out)."""
         model = self._find(model_name)
         if model is None:
             return "unknown model"
-        known = model.replicas
-        return model.peers.apply(peer_id, seq, [c for c in counts if c[0] in known], self._clock())
+        return model.peers.apply(peer_id, seq, [c for c in counts if c[0] in model.replicas], self._clock(), full)
 
     async def acquire(
         self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()

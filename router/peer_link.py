@@ -9,8 +9,9 @@ datagram. Every ``peer_load_full_interval_s`` it sends every count, so a lost da
 and silence means the router is gone (``peer_load_max_age_s``).
 
 A datagram: 32 bytes of HMAC over the rest, then JSON ``{"peer", "seq", "model", "counts": [[replica,
-in flight, waiting], ...]}``; at most ``MAX_REPLICAS_PER_DATAGRAM`` replicas each (a model with more
-is sent in several). ``peer`` names this process (host, pid and a random part), so a restarted router
+in flight, waiting], ...], "full"}``; at most ``MAX_REPLICAS_PER_DATAGRAM`` replicas each (a model
+with more is sent in several; ``full`` marks the first of a full send: the receiver drops what the
+peer no longer reports). ``peer`` names this process (host, pid and a random part), so a restarted router
 is a new peer and the old one ages out; ``seq`` only grows, so a replayed or late datagram is stale.
 Peers are ``host:port`` names, each looked up every ``RESOLVE_EVERY_S`` for all its addresses (a
 headless Service's name gives every router pod; at most ``MAX_PEER_ADDRESSES``); a router that finds
@@ -59,8 +60,8 @@ def verify(key: bytes, data: bytes) -> bytes | None:
     return body if hmac.compare_digest(tag, hmac.new(key, body, hashlib.sha256).digest()) else None
 
 
-def parse(body: bytes) -> tuple[str, int, str, list[tuple[str, int, int]]] | str:
-    """(peer, seq, model, counts), or why the body is refused."""
+def parse(body: bytes) -> tuple[str, int, str, list[tuple[str, int, int]], bool] | str:
+    """(peer, seq, model, counts, full), or why the body is refused."""
     try:
         doc = json.loads(body)
     except ValueError:
@@ -82,7 +83,7 @@ def parse(body: bytes) -> tuple[str, int, str, list[tuple[str, int, int]]] | str
         ):
             return "a count is not [replica, in flight, waiting]"
         out.append((entry[0], entry[1], entry[2]))
-    return peer, seq, model, out
+    return peer, seq, model, out, doc.get("full") is True
 
 
 class PeerLink(asyncio.DatagramProtocol):
@@ -167,6 +168,8 @@ class PeerLink(asyncio.DatagramProtocol):
             for start in range(0, len(changed), MAX_REPLICAS_PER_DATAGRAM):
                 part = changed[start : start + MAX_REPLICAS_PER_DATAGRAM]
                 body = {"peer": self.name, "seq": next(self._seq), "model": view.key, "counts": part}
+                if full and start == 0:  # every replica (the first part of several): the peer drops the others
+                    body["full"] = True
                 data = sign(self._key, json.dumps(body, separators=(",", ":")).encode())
                 for peer in self._peers:
                     self._transport.sendto(data, peer)
@@ -182,10 +185,10 @@ class PeerLink(asyncio.DatagramProtocol):
         if isinstance(parsed, str):
             self.received[f"refused: {parsed}"] += 1
             return
-        peer, seq, model, counts = parsed
+        peer, seq, model, counts, full = parsed
         if peer == self.name:
             return  # this router is in its own list of peers
-        self.received[self._fleet.peer_report(model, peer, seq, counts)] += 1
+        self.received[self._fleet.peer_report(model, peer, seq, counts, full)] += 1
 
     def error_received(self, exc: Exception) -> None:  # e.g. ICMP port unreachable from a peer not up yet
         log.debug("peer load: %s", exc)

@@ -51,8 +51,11 @@ class PeerLoads:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
-    def apply(self, peer_id: str, seq: int, counts: Iterable[tuple[str, int, int]], now_s: float) -> str:
-        """Take one report: ``counts`` is (replica id, in flight, waiting) for the replicas that changed.
+    def apply(
+        self, peer_id: str, seq: int, counts: Iterable[tuple[str, int, int]], now_s: float, full: bool = False
+    ) -> str:
+        """Take one report: ``counts`` is (replica id, in flight, waiting) for the replicas that changed;
+        ``full``: for every replica the peer has, so a replica it no longer reports is dropped.
 
         Returns what it did: ``applied``; ``stale`` (a number at or below the last one applied from
         this peer: reordered or repeated); ``refused`` (``max_peers`` others are live; nothing kept).
@@ -69,6 +72,8 @@ class PeerLoads:
             return "stale"
         peer.seq = seq
         peer.heard_s = now_s
+        if full:
+            peer.counts.clear()
         top = self.max_count
         for replica_id, inflight, waiting in counts:
             if replica_id not in peer.counts and len(peer.counts) >= self.max_replicas:

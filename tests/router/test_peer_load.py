@@ -45,6 +45,13 @@ def test_a_late_or_repeated_report_never_undoes_a_newer_one() -> None:
     assert [(c.inflight, c.waiting) for c in peers.add_to(OWN, 1.01)] == [(6, 3), (1, 1)]
 
 
+def test_a_full_report_drops_the_replicas_the_peer_no_longer_reports() -> None:
+    peers = PeerLoads()
+    peers.apply("p1", 1, [("a", 4, 2), ("b", 3, 1)], now_s=1.0)
+    peers.apply("p1", 2, [("b", 1, 0)], now_s=1.1, full=True)  # "a" left that router's view
+    assert [(c.inflight, c.waiting) for c in peers.add_to(OWN, 1.2)] == [(2, 1), (1, 0)]
+
+
 def test_peers_replicas_and_counts_are_bounded() -> None:
     peers = PeerLoads(max_age_s=1.0, max_peers=2, max_replicas=2, max_count=10)
     assert peers.apply("p1", 1, [("a", 10**9, -5), ("b", 1, 1), ("c", 1, 1)], now_s=0.0) == "applied"
