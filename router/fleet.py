@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from kvfleet.router.activator import HoldBudget, HoldQueue
 from kvfleet.router.engine_caches import EngineCaches
@@ -208,19 +207,10 @@ class Fleet:
         return endpoint.kv_events_port is not None or not self._settings.kv_events_announced_only
 
     def _subscribe(self, model: _Model, endpoint: Endpoint) -> None:
-        """Subscribe to the replica's KV-cache events at its host and its (or the configured) port."""
-        from kvfleet.router.kv_subscriber import EventSubscription
+        from kvfleet.router.kv_subscriber import subscribe
 
         assert model.caches is not None
-        host = urlsplit(endpoint.url).hostname or ""
-        port = endpoint.kv_events_port or self._settings.kv_events_port
-        address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-        state = model.caches.add(endpoint.replica_id)
-        subscription = EventSubscription(
-            model.view.labels, endpoint.replica_id, address, state, self._settings, self._metrics
-        )
-        model.subscriptions[endpoint.replica_id] = subscription
-        subscription.start()
+        subscribe(model.view.labels, model.caches, model.subscriptions, endpoint, self._settings, self._metrics)
 
     def _unsubscribe(self, model: _Model, replica_id: str) -> None:
         subscription = model.subscriptions.pop(replica_id, None)
@@ -278,10 +268,6 @@ class Fleet:
         """Requests per replica sent and not yet answered with a first body byte."""
         model = self._find(served_name)
         return {r: rep.waiting for r, rep in model.replicas.items()} if model else {}
-
-    def peers_live(self, served_name: str) -> int:  # other routers whose reported counts are added now
-        model = self._find(served_name)
-        return model.peers.live_peers(self._clock()) if model else 0
 
     def queue_depth(self, served_name: str) -> int:
         model = self._find(served_name)
@@ -343,14 +329,9 @@ class Fleet:
         pick = model.strategy.pick(picked_from, request)
         return self._lease(model, pick, request) if pick is not None else None
 
-    def peer_report(
-        self, model_name: str, peer_id: str, seq: int, counts: Sequence[tuple[str, int, int]], full: bool = False
-    ) -> str:
-        """Another router's own counts for the model's replicas (``PeerLoads.apply``; unknown replicas left out)."""
+    def peer_loads(self, model_name: str) -> PeerLoads | None:  # the other routers' counts (peer_link.py)
         model = self._find(model_name)
-        if model is None:
-            return "unknown model"
-        return model.peers.apply(peer_id, seq, [c for c in counts if c[0] in model.replicas], self._clock(), full)
+        return model.peers if model else None
 
     async def acquire(
         self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()

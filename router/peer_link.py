@@ -188,7 +188,12 @@ class PeerLink(asyncio.DatagramProtocol):
         peer, seq, model, counts, full = parsed
         if peer == self.name:
             return  # this router is in its own list of peers
-        self.received[self._fleet.peer_report(model, peer, seq, counts, full)] += 1
+        peers = self._fleet.peer_loads(model)
+        if peers is None:
+            self.received["unknown model"] += 1
+            return
+        known = self._fleet.inflight(model)  # the replicas this router routes to
+        self.received[peers.apply(peer, seq, counts, self._clock(), full, known)] += 1
 
     def error_received(self, exc: Exception) -> None:  # e.g. ICMP port unreachable from a peer not up yet
         log.debug("peer load: %s", exc)

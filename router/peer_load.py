@@ -19,7 +19,7 @@ to ``max_count``. Nothing here does I/O or reads a clock: the transport passes r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -52,10 +52,17 @@ class PeerLoads:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     def apply(
-        self, peer_id: str, seq: int, counts: Iterable[tuple[str, int, int]], now_s: float, full: bool = False
+        self,
+        peer_id: str,
+        seq: int,
+        counts: Iterable[tuple[str, int, int]],
+        now_s: float,
+        full: bool = False,
+        known: Container[str] | None = None,
     ) -> str:
         """Take one report: ``counts`` is (replica id, in flight, waiting) for the replicas that changed;
-        ``full``: for every replica the peer has, so a replica it no longer reports is dropped.
+        ``full``: for every replica the peer has, so a replica it no longer reports is dropped;
+        ``known``: the replicas this router routes to (others are left out; None: all kept).
 
         Returns what it did: ``applied``; ``stale`` (a number at or below the last one applied from
         this peer: reordered or repeated); ``refused`` (``max_peers`` others are live; nothing kept).
@@ -76,6 +83,8 @@ class PeerLoads:
             peer.counts.clear()
         top = self.max_count
         for replica_id, inflight, waiting in counts:
+            if known is not None and replica_id not in known:
+                continue
             if replica_id not in peer.counts and len(peer.counts) >= self.max_replicas:
                 continue  # bounded: a peer cannot grow this past max_replicas entries
             peer.counts[replica_id] = (min(max(inflight, 0), top), min(max(waiting, 0), top))

@@ -56,10 +56,15 @@ async def three_routers(tmp_path: Path) -> list[RouterServer]:
 
 def fleet_inflight(fleet: Fleet) -> int:
     """The in-flight requests a router's picks see: its own plus its live peers' reports."""
-    model = fleet._find("m")
-    assert model is not None
+    peers = fleet.peer_loads("m")
+    assert peers is not None
     own = [Candidate(r, n) for r, n in fleet.inflight("m").items()]
-    return sum(c.inflight for c in model.peers.add_to(own, fleet._clock()))
+    return sum(c.inflight for c in peers.add_to(own, fleet._clock()))
+
+
+def live_peers(fleet: Fleet) -> int:
+    peers = fleet.peer_loads("m")
+    return peers.live_peers(fleet._clock()) if peers is not None else 0
 
 
 def signed(doc: dict[str, object]) -> bytes:
@@ -78,7 +83,7 @@ async def test_three_routers_over_udp_pick_on_each_others_reported_counts(tmp_pa
     try:
         fleets = [r.fleet for r in routers]
         # Every router hears the two others (full counts every 0.25 s), and not itself.
-        await until(lambda: all(f.peers_live("m") == 2 for f in fleets))
+        await until(lambda: all(live_peers(f) == 2 for f in fleets))
         held = []
         for n, fleet in enumerate(fleets):
             held.append(await fleet.acquire("m", [5000 + n]))

@@ -52,6 +52,12 @@ def test_a_full_report_drops_the_replicas_the_peer_no_longer_reports() -> None:
     assert [(c.inflight, c.waiting) for c in peers.add_to(OWN, 1.2)] == [(2, 1), (1, 0)]
 
 
+def test_replicas_this_router_does_not_route_to_are_left_out() -> None:
+    peers = PeerLoads()
+    peers.apply("p1", 1, [("a", 4, 2), ("gone", 9, 9)], now_s=1.0, known={"a", "b"})
+    assert peers._peers["p1"].counts == {"a": (4, 2)}
+
+
 def test_peers_replicas_and_counts_are_bounded() -> None:
     peers = PeerLoads(max_age_s=1.0, max_peers=2, max_replicas=2, max_count=10)
     assert peers.apply("p1", 1, [("a", 10**9, -5), ("b", 1, 1), ("c", 1, 1)], now_s=0.0) == "applied"
@@ -91,6 +97,12 @@ async def three_routers(clock: Clock) -> list[Fleet]:
     return routers
 
 
+def peers(fleet: Fleet) -> PeerLoads:
+    found = fleet.peer_loads("m")
+    assert found is not None
+    return found
+
+
 def report(routers: list[Fleet], seqs: list[int]) -> None:
     """Each router's own counts to the two others (what the transport carries, here by direct call)."""
     for i, fleet in enumerate(routers):
@@ -99,7 +111,7 @@ def report(routers: list[Fleet], seqs: list[int]) -> None:
         counts = [(r, inflight[r], waiting[r]) for r in inflight]
         for j, other in enumerate(routers):
             if j != i:
-                assert other.peer_report("m", f"router-{i}", seqs[i], counts) == "applied"
+                assert peers(other).apply(f"router-{i}", seqs[i], counts, other._clock(), known=inflight) == "applied"
 
 
 async def test_three_routers_with_reported_load_spread_uncached_prompts_instead_of_herding() -> None:
@@ -114,7 +126,7 @@ async def test_three_routers_with_reported_load_spread_uncached_prompts_instead_
         held.append(await fleet.acquire("m", [1000 + n]))
         report(routers, seqs)
     assert sorted(lease.replica_id for lease in held) == ["r0", "r1", "r2"]
-    assert routers[2].peers_live("m") == 2
+    assert peers(routers[2]).live_peers(clock.now_s) == 2
     for lease in held:
         lease.release("ok")
     for fleet in routers:
@@ -132,11 +144,11 @@ async def test_without_reports_or_once_they_age_out_each_router_picks_on_its_own
     busy = await routers[0].acquire("m", [3000])
     report(routers, seqs)
     clock.now_s += 1.5  # past peer_load_max_age_s (1 s): router 0 is no longer heard
-    assert routers[1].peers_live("m") == 0
+    assert peers(routers[1]).live_peers(clock.now_s) == 0
     again = await routers[1].acquire("m", [3001])
     assert again.replica_id == busy.replica_id  # router 0's request there is no longer counted
     for lease in (busy, again):
         lease.release("ok")
-    assert routers[1].peer_report("other", "router-0", 99, []) == "unknown model"
+    assert routers[1].peer_loads("other") is None  # a model this router does not serve
     for fleet in routers:
         await fleet.close()
