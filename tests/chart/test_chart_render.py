@@ -44,7 +44,8 @@ def test_renders_the_components(values_file: Path, render_ci: Render) -> None:
     deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
     assert deployments == {"kvf-kvfleet-operator", "kvf-kvfleet-router", "kvf-kvfleet-autoscaler"}
     services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
-    assert services == deployments
+    # One Service per component, plus the routers' headless one for their load reports (peer load, on by default).
+    assert services - {"kvf-kvfleet-router-peers"} == deployments
     for deployment in (d for d in docs if d["kind"] == "Deployment"):
         pod = deployment["spec"]["template"]
         selector = deployment["spec"]["selector"]["matchLabels"]
@@ -184,8 +185,7 @@ def test_the_wake_token_reaches_the_routers_and_the_autoscaler_only(render_ci: R
     import base64
 
     rendered = render_ci(CHART / "ci" / "minimal-values.yaml")
-    (secret,) = [o for o in rendered if o["kind"] == "Secret"]
-    assert secret["metadata"]["name"].endswith("-wake-token")
+    (secret,) = [o for o in rendered if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-wake-token")]
     assert len(base64.b64decode(secret["data"]["token"])) == 48
     flag = "--wake-token-file=/var/run/kvfleet/wake/token"
     for d in (o for o in rendered if o["kind"] == "Deployment"):
@@ -266,7 +266,8 @@ def test_routers_exchange_load_through_a_headless_service_with_a_key_of_their_ow
     (service,) = [o for o in rendered if o["kind"] == "Service" and o["metadata"]["name"].endswith("-router-peers")]
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["ports"] == [{"name": "peer-load", "port": 7411, "targetPort": 7411, "protocol": "UDP"}]
-    # Off (the default): no flag, no Secret, no Service.
-    rendered = objects(render({}))
+    # On by default (the default install runs 2 routers); off: no flag, no Secret, no Service.
+    assert [a for a in router_pod(objects(render({})))["containers"][0]["args"] if a.startswith("--peer-load-port")]
+    rendered = objects(render({"router": {"peerLoad": {"enabled": False}}}))
     assert not [a for a in router_pod(rendered)["containers"][0]["args"] if a.startswith("--peer-load")]
     assert not [o for o in rendered if o["metadata"]["name"].endswith(("-peer-load-key", "-router-peers"))]
