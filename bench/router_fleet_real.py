@@ -12,7 +12,10 @@ processes (empty) and fresh prompts (so the engines start cold on them):
 - ``round-robin, 3 routers``;
 - ``kvfleet + KV events, 3 routers``: the same three routers subscribed to every engine's KV-cache
   events (the engines publish them in every configuration; only these routers read them), prompts
-  tokenized with the model's tokenizer and chat template.
+  tokenized with the model's tokenizer and chat template;
+- ``kvfleet + KV events + peer load, 3 routers``: the same, and each router sends its per-replica
+  counts to the two others over signed UDP (``peer_load_port``; router/peer_link.py);
+- ``kvfleet + KV events, 1 router``: one such router (what the three should route like).
 
 Two workloads: multi-turn chat (a shared system prompt, conversations whose prompts grow turn by
 turn; consecutive turns of a conversation are spread apart in the trace, so they reach different
@@ -59,8 +62,15 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {  # name -> (routers, extra `router
     "kvfleet before, 3 routers": (3, ["--strategy", "prefix", "--no-placement", "--load-bound-slack-requests", "0"]),
     "round-robin, 3 routers": (3, ["--strategy", "round-robin"]),
     "kvfleet + KV events, 3 routers": (3, ["--strategy", "prefix"]),
+    "kvfleet + KV events + peer load, 3 routers": (3, ["--strategy", "prefix"]),
+    "kvfleet + KV events, 1 router": (1, ["--strategy", "prefix"]),
 }
-EVENTS_CONFIGS = {"kvfleet + KV events, 3 routers"}
+EVENTS_CONFIGS = {
+    "kvfleet + KV events, 3 routers",
+    "kvfleet + KV events + peer load, 3 routers",
+    "kvfleet + KV events, 1 router",
+}
+PEER_LOAD_CONFIGS = {"kvfleet + KV events + peer load, 3 routers"}  # the routers report their counts to each other
 
 
 def body(messages: list[dict[str, str]]) -> dict[str, Any]:
@@ -99,14 +109,34 @@ def tenants(seed: int, requests: int, count: int) -> list[dict[str, Any]]:
 
 
 def start_routers(
-    n: int, engines: list[Engine], extra: list[str], settings: Path, log_dir: Path, events: list[int] | None = None
+    n: int,
+    engines: list[Engine],
+    extra: list[str],
+    settings: Path,
+    log_dir: Path,
+    events: list[int] | None = None,
+    peer_load: bool = False,
 ) -> list[Any]:
-    """``events``: each engine's KV-events port, for routers that subscribe (``settings`` then enables it)."""
+    """``events``: each engine's KV-events port, for routers that subscribe (``settings`` then enables it).
+    ``peer_load``: the routers exchange their load counts (a settings file each: its own UDP port)."""
     routers = []
+    peer_ports = [pick_free_port() for _ in range(n)] if peer_load else []
     for i in range(n):
         port = pick_free_port()
         kvfleet = str(Path(sys.executable).parent / "kvfleet")
-        cmd = [kvfleet, "router", "serve", "--port", str(port), "--settings", str(settings)]
+        own_settings = settings
+        if peer_load:
+            key = log_dir / "peer.key"
+            key.write_text("bench-peer-load-key-" + "x" * 32)
+            own_settings = log_dir / f"router-{i}-peers.yaml"
+            doc = json.loads(settings.read_text())
+            doc |= {
+                "peer_load_port": peer_ports[i],
+                "peer_load_peers": [f"127.0.0.1:{p}" for p in peer_ports],
+                "peer_load_key_file": str(key),
+            }
+            own_settings.write_text(json.dumps(doc))
+        cmd = [kvfleet, "router", "serve", "--port", str(port), "--settings", str(own_settings)]
         for j, e in enumerate(engines):
             cmd += ["--replica", f"{SERVED}={e.url}" + (f",kv-events-port={events[j]}" if events else "")]
         cmd += extra
@@ -191,7 +221,9 @@ def main() -> None:
                         k = list(CONFIGS).index(config)
                         seed = 10_000 * r + 100 * w + k
                         if config in EVENTS_CONFIGS:
-                            routers = start_routers(n, engines, extra, events_settings, Path(tmp), event_ports)
+                            routers = start_routers(
+                                n, engines, extra, events_settings, Path(tmp), event_ports, config in PEER_LOAD_CONFIGS
+                            )
                         else:
                             routers = start_routers(n, engines, extra, settings, Path(tmp))
                         try:

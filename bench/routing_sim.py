@@ -49,6 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvfleet.router.peer_load import PeerLoads
 from kvfleet.router.picking import Candidate, PickRequest, build_strategy
 from kvfleet.router.placement import BranchIndex, home
 from kvfleet.router.prefix_index import PrefixIndex
@@ -554,10 +555,18 @@ class Fleet:
     as a Service spreads connections. ``shared_load_s``: every this many seconds each router reads
     every engine's own counts (``vllm:num_requests_running`` + ``_waiting``, and requests not yet
     past prefill), and between reads adds what it sent and saw finish since; None: its own counts only.
+    ``peer_latency_s``: the routers report their own counts to each other (``PeerLoads``) instead.
     """
 
     routers: int = 1
     shared_load_s: float | None = None
+    # ``shared_load_s`` refinements: each router reads at its own phase (not all at once), and adds its own
+    # sends and completions since the read times this (the routers' count: the others likely did the same).
+    shared_load_staggered: bool = False
+    shared_load_own_x: float = 1.0
+    # None: no peer reports. Else each router's count changes reach the other routers this many seconds
+    # later (``kvfleet.router.peer_load``), and each picks on its own counts plus the peers' reported ones.
+    peer_latency_s: float | None = None
 
 
 def simulate(
@@ -584,6 +593,14 @@ def simulate(
     base = [[Load() for _ in engines] for _ in routers]  # own counts at the last shared read
     shared = [Load() for _ in engines]  # the engines' counts at the last shared read
     next_read_s = 0.0
+    # staggered reads: each router's own copy of the engines' counts, read at its own phase
+    shared_by = [[Load() for _ in engines] for _ in routers]
+    next_read_by = [fleet.shared_load_s * r / len(routers) if fleet.shared_load_s else 0.0 for r in range(len(routers))]
+    # Peer reports: each router's real PeerLoads, fed each change of another router's own counts after
+    # ``peer_latency_s``; the reporter is the Load list (a restarted router reports under a new name).
+    peer_loads = [PeerLoads() for _ in routers]
+    reporters: dict[int, tuple[str, list[Load]]] = {}  # id(Load) -> (peer name, its router's list)
+    report_seq = itertools.count()
     spread = random.Random(p.seed + 7919)  # which router each request reaches
     # (time, seq, kind, replica, payload): "arrive" (payload: the request); "first" ends a prefill (the
     # first token); "slot" frees a slot; "finish" ends the request ("first"/"finish": its router's Load)
@@ -608,6 +625,15 @@ def simulate(
 
     def measured(arrival_s: float) -> bool:
         return from_s <= arrival_s < to_s
+
+    def report(now: float, i: int, view: Load) -> None:
+        nonlocal seq
+        if fleet.peer_latency_s is None:
+            return
+        name, source = reporters[id(view)]
+        payload = (name, next(report_seq), i, view.assigned, view.unanswered, source)
+        heapq.heappush(events, (now + fleet.peer_latency_s, seq, "report", i, payload))
+        seq += 1
 
     def start(i: int, now: float, req: Request, view: Load, by_restarted: bool) -> None:
         nonlocal seq, hit_tokens, prompt_tokens
@@ -637,13 +663,36 @@ def simulate(
             if restart is not None and not restarted and now >= restart.at_s:
                 restarted = True
                 routers[0] = factory(engines)
+                peer_loads[0] = PeerLoads()
                 own[0] = [Load() for _ in engines]
                 base[0] = [Load() for _ in engines]
             r = spread.randrange(len(routers)) if len(routers) > 1 else 0
             n_present = len(engines) if join is None or now >= join.at_s else len(engines) - 1
             mine = own[r]
-            if fleet.shared_load_s is None:
+            if fleet.peer_latency_s is not None:
+                merged = peer_loads[r].add_to(
+                    [Candidate(str(k), v.assigned, waiting=v.unanswered) for k, v in enumerate(mine[:n_present])], now
+                )
+                loads = [Load(c.inflight, c.waiting) for c in merged]
+            elif fleet.shared_load_s is None:
                 loads = mine[:n_present]
+            elif fleet.shared_load_staggered:
+                at, seen = base[r], shared_by[r]
+                if now >= next_read_by[r]:
+                    next_read_by[r] = now + fleet.shared_load_s
+                    for e, sv, ov, bv in zip(engines, seen, mine, at, strict=True):
+                        sv.assigned, sv.unanswered = e.assigned, e.unanswered
+                        bv.assigned, bv.unanswered = ov.assigned, ov.unanswered
+                x = fleet.shared_load_own_x
+                loads = [
+                    Load(
+                        max(mine[k].assigned, round(seen[k].assigned + x * (mine[k].assigned - at[k].assigned))),
+                        max(
+                            mine[k].unanswered, round(seen[k].unanswered + x * (mine[k].unanswered - at[k].unanswered))
+                        ),
+                    )
+                    for k in range(n_present)
+                ]
             else:
                 if now >= next_read_s:
                     next_read_s = now + fleet.shared_load_s
@@ -667,6 +716,9 @@ def simulate(
             engine.unanswered += 1
             view.assigned += 1
             view.unanswered += 1
+            if id(view) not in reporters:
+                reporters[id(view)] = (f"router-{r}-{id(mine)}", mine)
+            report(now, i, view)
             if measured(req.arrival_s):
                 served[i] += 1
                 counts = [e.assigned for e in engines]
@@ -685,6 +737,12 @@ def simulate(
             assert isinstance(payload, Load)
             engines[i].unanswered -= 1
             payload.unanswered -= 1
+            report(now, i, payload)
+        elif kind == "report":
+            name, number, _, inflight, waiting, source = payload  # type: ignore[misc]
+            for q, peers in enumerate(peer_loads):
+                if own[q] is not source:
+                    peers.apply(name, number, [(str(i), inflight, waiting)], now)
         elif kind == "slot":
             engine = engines[i]
             engine.running -= 1
@@ -695,6 +753,7 @@ def simulate(
             assert isinstance(payload, Load)
             engines[i].assigned -= 1
             payload.assigned -= 1
+            report(now, i, payload)
     ttft.sort()
     out = {
         "hit_rate": hit_tokens / prompt_tokens,
@@ -834,6 +893,13 @@ class FleetStrategy:
     factory: RouterFactory
     shared_load_s: float | None = None
     restart: bool = False  # also run the router-restart scenario
+    shared_load_staggered: bool = False
+    shared_load_own_x: bool = False  # own sends since the read count x the routers (``Fleet.shared_load_own_x``)
+    peer_latency_s: float | None = None
+
+    def fleet(self, routers: int) -> Fleet:
+        own_x = float(routers) if self.shared_load_own_x else 1.0
+        return Fleet(routers, self.shared_load_s, self.shared_load_staggered, own_x, self.peer_latency_s)
 
 
 def fleet_strategies(p: Params) -> dict[str, FleetStrategy]:
@@ -858,12 +924,35 @@ def fleet_strategies(p: Params) -> dict[str, FleetStrategy]:
         # for where a new family goes. No restart row: a restarted router here would see the engines'
         # caches at once, which needs vLLM's replay socket (not built), so it would flatter the events.
         PLACEMENT_AND_EVENTS: FleetStrategy(lambda e: kvfleet(c, b, w, placement=True, slack=k, engines=e)),
+        # Load signals for it (the figures docs/router.md's "Several routers" weighs): the engines' own counts
+        # read more often, each router at its own phase, its own sends since the read counted x the routers;
+        # then the routers' own counts reported to each other (``PeerLoads``), seen 1 ms and 5 ms later.
+        f"{PLACEMENT_AND_EVENTS} + engine load every {FAST_LOAD_S:g} s, staggered, own x routers": FleetStrategy(
+            lambda e: kvfleet(c, b, w, placement=True, slack=k, engines=e),
+            FAST_LOAD_S,
+            shared_load_staggered=True,
+            shared_load_own_x=True,
+        ),
+        PEER_LOAD_GOAL: FleetStrategy(
+            lambda e: kvfleet(c, b, w, placement=True, slack=k, engines=e), peer_latency_s=PEER_LATENCY_S
+        ),
+        f"{PLACEMENT_AND_EVENTS} + peer load ({SLOW_PEER_LATENCY_S * 1000:g} ms)": FleetStrategy(
+            lambda e: kvfleet(c, b, w, placement=True, slack=k, engines=e), peer_latency_s=SLOW_PEER_LATENCY_S
+        ),
+        f"placement + peer load ({PEER_LATENCY_S * 1000:g} ms)": FleetStrategy(
+            lambda _: kvfleet(c, b, w, placement=True, slack=k), peer_latency_s=PEER_LATENCY_S, restart=True
+        ),
     }
 
 
 PLACEMENT_AND_EVENTS = "placement + KV events (exact caches)"
-# What the router runs without and with KV events (the goals table judges both).
-FLEET_GOAL_STRATEGIES = ("placement", PLACEMENT_AND_EVENTS)
+FAST_LOAD_S = 0.05
+PEER_LATENCY_S = 0.001  # a report's way from one router to another: a datagram in one cluster, batched
+SLOW_PEER_LATENCY_S = 0.005
+PEER_LOAD_GOAL = f"{PLACEMENT_AND_EVENTS} + peer load ({PEER_LATENCY_S * 1000:g} ms)"
+# What the router runs without and with KV events, and with its peers' reported load (the goals table
+# judges each).
+FLEET_GOAL_STRATEGIES = ("placement", PLACEMENT_AND_EVENTS, PEER_LOAD_GOAL)
 FLEET_BASELINE = "kvfleet before (own index, no slack)"  # one router of today's kvfleet: the figures to hold
 
 
@@ -876,7 +965,7 @@ class FleetRun:
     ideals: dict[str, dict[str, float]]
 
 
-def run_fleet(p: Params, only: list[str], n_routers: int) -> FleetRun:
+def run_fleet(p: Params, only: list[str], n_routers: int, strategies: Sequence[str] = ()) -> FleetRun:
     """Every workload under every strategy with one router and with ``n_routers``; then router 0 of
     ``n_routers`` restarting halfway through the measured requests."""
     results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
@@ -889,11 +978,12 @@ def run_fleet(p: Params, only: list[str], n_routers: int) -> FleetRun:
         restarts[workload] = {}
         middle = trace[p.warmup_requests + (len(trace) - p.warmup_requests) // 2].arrival_s
         for name, strategy in fleet_strategies(p).items():
+            always = name == FLEET_BASELINE or name in FLEET_GOAL_STRATEGIES
+            if strategies and not always and not any(part in name for part in strategies):
+                continue
             per: dict[str, dict[str, float]] = {}
             for routers in (1, n_routers):
-                r = per[str(routers)] = simulate(
-                    trace, strategy.factory, p, fleet=Fleet(routers, strategy.shared_load_s)
-                )
+                r = per[str(routers)] = simulate(trace, strategy.factory, p, fleet=strategy.fleet(routers))
                 print(
                     f"{workload:28s} {name:40s} routers {routers} hit {r['hit_rate']:.3f} "
                     f"imbalance {r['imbalance_served']:.2f} ttft mean {r['ttft_mean_s'] * 1000:.1f} ms "
@@ -906,7 +996,7 @@ def run_fleet(p: Params, only: list[str], n_routers: int) -> FleetRun:
                     trace,
                     strategy.factory,
                     p,
-                    fleet=Fleet(n_routers, strategy.shared_load_s),
+                    fleet=strategy.fleet(n_routers),
                     restart=Restart(middle, RESTART_WINDOWS_S),
                 )
                 print(f"{workload:28s} {name:40s} restart " + restart_line(r), flush=True)
@@ -989,7 +1079,11 @@ def write_fleet(out: Path, run: FleetRun, elapsed_s: float) -> None:
     lines = [
         describe(run.params),
         f"Routers: 1 and {run.routers}, each request to one at random; each router has its own index and its "
-        f"own in-flight counts; `+ engine load`: it also reads every engine's own counts every {SHARED_LOAD_S:g} s.",
+        f"own in-flight counts; `+ engine load`: it also reads every engine's own counts every {SHARED_LOAD_S:g} s "
+        "(all routers at once), and adds its own sends and completions since; `staggered, own x routers`: each "
+        "router reads at its own phase, and counts its own sends and completions since x the routers; "
+        "`+ peer load (t)`: each router adds the other routers' own counts, which they report on every change "
+        "and it receives t later (`kvfleet.router.peer_load`).",
         "",
         f"| workload | strategy | hit rate (1 -> {n} routers) | imbalance | TTFT mean (ms) | TTFT p99 (ms) |",
         "|---|---|---|---|---|---|",
@@ -1070,6 +1164,12 @@ def main() -> None:
         help="N > 1: compare 1 and N routers for every strategy, with a router restart (h100 variant unless "
         "--variant says otherwise); writes router_fleet_sim.{json,md}",
     )
+    parser.add_argument(
+        "--strategies",
+        default="",
+        help="with --routers: ';'-separated parts of the strategies' names to run besides the baseline and the "
+        "goal strategies (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     started = time.monotonic()
@@ -1097,7 +1197,8 @@ def main() -> None:
         )
         only = [w for w in args.only.split(",") if w]
         if args.routers > 1:
-            write_fleet(args.out, run_fleet(p, only, args.routers), time.monotonic() - started)
+            strategies = [x for x in args.strategies.split(";") if x]
+            write_fleet(args.out, run_fleet(p, only, args.routers, strategies), time.monotonic() - started)
             return
         with_join = args.join == "both" or args.join == variant
         runs[variant] = run_variant(p, only, with_join)

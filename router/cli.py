@@ -156,6 +156,9 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     multiple=True,
     help="MODEL=DIR: the served model's tokenizer.json (and tokenizer_config.json) folder (repeat).",
 )
+@click.option("--peer-load-port", type=int, default=None, help="UDP port for the routers' load reports [default: off].")
+@click.option("--peer-load-peer", "peer_load_peer", multiple=True, help="HOST:PORT of the other routers (repeat).")
+@click.option("--peer-load-key-file", default=None, help="File with the HMAC key the routers sign load reports with.")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(
     host: str | None,
@@ -177,6 +180,9 @@ def serve(
     kv_events_port: int | None,
     kv_events_announced_only: bool | None,
     kv_events_tokenizer: tuple[str, ...],
+    peer_load_port: int | None,
+    peer_load_peer: tuple[str, ...],
+    peer_load_key_file: str | None,
     log_level: str,
 ) -> None:
     """Serve the OpenAI API and route each request to a replica of its model."""
@@ -194,6 +200,9 @@ def serve(
             "kv_events_port": kv_events_port,
             "kv_events_announced_only": kv_events_announced_only,
             "kv_events_tokenizers": parse_tokenizers(kv_events_tokenizer) or None,
+            "peer_load_port": peer_load_port,
+            "peer_load_peers": peer_load_peer or None,
+            "peer_load_key_file": peer_load_key_file,
         },
     )
     if kubernetes == bool(replicas):

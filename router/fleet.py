@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from kvfleet.router.activator import HoldBudget, HoldQueue
 from kvfleet.router.engine_caches import EngineCaches
 from kvfleet.router.errors import ModelNotFoundError
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.outlier import OutlierDetector
+from kvfleet.router.peer_load import PeerLoads
 from kvfleet.router.picking import Candidate, Pick, PickRequest, Strategy, build_strategy
 from kvfleet.router.placement import BranchIndex, home
 from kvfleet.router.prefix_index import PrefixIndex
@@ -50,6 +50,7 @@ class _Model:
     caches: EngineCaches | None = None  # the replicas' KV-cache event views (None: events off)
     subscriptions: dict[str, EventSubscription] = field(default_factory=dict)
     replicas: dict[str, ReplicaLoad] = field(default_factory=dict)
+    peers: PeerLoads = field(default_factory=PeerLoads)  # the other routers' reported counts (peer_load.py)
     first_seen_unix_s: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -151,6 +152,7 @@ class Fleet:
                     view=view,
                     index=index,
                     caches=caches,
+                    peers=PeerLoads(self._settings.peer_load_max_age_s),
                     strategy=self._strategy(view, index, caches),
                     queue=HoldQueue(
                         served_name,
@@ -183,6 +185,7 @@ class Fleet:
             # In-flight requests to it hold their own URL and finish; only the router's memory of it goes.
             del model.replicas[replica_id]
             self._outliers.forget(replica_id)
+            model.peers.forget_replica(replica_id)
             self._unsubscribe(model, replica_id)
         for replica_id, endpoint in wanted.items():
             replica = model.replicas.get(replica_id)
@@ -204,19 +207,10 @@ class Fleet:
         return endpoint.kv_events_port is not None or not self._settings.kv_events_announced_only
 
     def _subscribe(self, model: _Model, endpoint: Endpoint) -> None:
-        """Subscribe to the replica's KV-cache events at its host and its (or the configured) port."""
-        from kvfleet.router.kv_subscriber import EventSubscription
+        from kvfleet.router.kv_subscriber import subscribe
 
         assert model.caches is not None
-        host = urlsplit(endpoint.url).hostname or ""
-        port = endpoint.kv_events_port or self._settings.kv_events_port
-        address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-        state = model.caches.add(endpoint.replica_id)
-        subscription = EventSubscription(
-            model.view.labels, endpoint.replica_id, address, state, self._settings, self._metrics
-        )
-        model.subscriptions[endpoint.replica_id] = subscription
-        subscription.start()
+        subscribe(model.view.labels, model.caches, model.subscriptions, endpoint, self._settings, self._metrics)
 
     def _unsubscribe(self, model: _Model, replica_id: str) -> None:
         subscription = model.subscriptions.pop(replica_id, None)
@@ -323,6 +317,7 @@ class Fleet:
                 Candidate(r, rep.inflight, rep.endpoint.draining, is_ejected(r, now_s), rep.waiting)
                 for r, rep in model.replicas.items()
             ]
+        picked_from = model.peers.add_to(candidates, now_s)  # the fleet's load where peers report it
         branches = model.branches
         key, block = home(branches, hashes) if branches is not None else (None, 0)
         if key is not None:
@@ -331,8 +326,12 @@ class Fleet:
             request = PickRequest(hashes, exclude, key, block, hashes.engine_blocks, hashes.engine_block_size)
         else:
             request = PickRequest(hashes, exclude, key, block)
-        pick = model.strategy.pick(candidates, request)
+        pick = model.strategy.pick(picked_from, request)
         return self._lease(model, pick, request) if pick is not None else None
+
+    def peer_loads(self, model_name: str) -> PeerLoads | None:  # the other routers' counts (peer_link.py)
+        model = self._find(model_name)
+        return model.peers if model else None
 
     async def acquire(
         self, served_name: str, hashes: Sequence[int], exclude: frozenset[str] = frozenset()

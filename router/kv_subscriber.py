@@ -19,8 +19,9 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
@@ -30,6 +31,10 @@ from kvfleet.router.engine_caches import ReplicaEvents
 from kvfleet.router.kv_events import DecodeLimits, KVEventError, decode_batch, decode_frames
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.settings import RouterSettings
+
+if TYPE_CHECKING:
+    from kvfleet.router.engine_caches import EngineCaches
+    from kvfleet.router.replicas import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -162,3 +167,21 @@ class EventSubscription:
         if now - self._logged.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S:
             self._logged[reason] = now
             log.warning("kv events of %s (%s): %s", self.replica_id, self.endpoint, message)
+
+
+def subscribe(
+    labels: tuple[str, str],
+    caches: EngineCaches,
+    subscriptions: MutableMapping[str, EventSubscription],
+    endpoint: Endpoint,
+    settings: RouterSettings,
+    metrics: RouterMetrics,
+) -> None:
+    """Subscribe to the replica's KV-cache events at its host and its (or the configured) port."""
+    host = urlsplit(endpoint.url).hostname or ""
+    port = endpoint.kv_events_port or settings.kv_events_port
+    address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    state = caches.add(endpoint.replica_id)
+    subscription = EventSubscription(labels, endpoint.replica_id, address, state, settings, metrics)
+    subscriptions[endpoint.replica_id] = subscription
+    subscription.start()

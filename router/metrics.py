@@ -216,6 +216,11 @@ class RouterMetrics:
         evictions, tokens held), read when scraped: the prompt-piece caches of tokenized models."""
         self.registry.register(_TokenCacheCollector(caches))
 
+    def track_peer_load(self, received: Callable[[], dict[str, int]]) -> None:
+        """Export ``kvfleet_router_peer_load_reports_total{outcome}``: other routers' load reports by what
+        became of them (peer_link.py: applied, stale, refused: <why>, unknown model), read when scraped."""
+        self.registry.register(_PeerLoadCollector(received))
+
     def forget_model(self, model: tuple[str, str]) -> None:
         """Drop a deployment's series: ``model`` is its (namespace, served name)."""
         for series in self._series:
@@ -271,6 +276,21 @@ class _FrontEndCollector(Collector):
             refused.add_metric([str(code)], count)
         yield refused
         yield GaugeMetricFamily("kvfleet_router_client_connections", "Open client connections.", self._connections())
+
+
+class _PeerLoadCollector(Collector):
+    def __init__(self, received: Callable[[], dict[str, int]]) -> None:
+        self._received = received
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "kvfleet_router_peer_load_reports",
+            "Load reports from other routers by what became of them (applied, stale, refused: <why>).",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted(self._received().items()):
+            family.add_metric([outcome], count)
+        yield family
 
 
 class _HoldCollector(Collector):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from kvfleet.router.fleet import Fleet
 from kvfleet.router.http_server import HttpServer, HttpServerSettings
 from kvfleet.router.metrics import RouterMetrics
+from kvfleet.router.peer_link import PeerLink, read_key
 from kvfleet.router.proxy import Proxy
 from kvfleet.router.replicas import ReplicaSource
 from kvfleet.router.settings import RouterSettings
@@ -71,6 +72,10 @@ class RouterServer:
             register(self.metrics.registry)
         self._started = False
         self.port = settings.port
+        self.peer_link: PeerLink | None = None  # the other routers' load (peer_link.py), where configured
+        if settings.peer_load_port is not None and settings.peer_load_key_file:
+            self.peer_link = link = PeerLink(self.fleet, settings, read_key(settings.peer_load_key_file), clock=clock)
+            self.metrics.track_peer_load(lambda: dict(link.received))
 
     @property
     def url(self) -> str:
@@ -83,6 +88,13 @@ class RouterServer:
         except BaseException:
             await self._source.stop()
             raise
+        if self.peer_link is not None:
+            try:
+                await self.peer_link.start()
+            except BaseException:
+                await self._http.close()
+                await self._source.stop()
+                raise
         self._started = True
         self.port = self._http.port
         log.info("router listening on %s", self.url)
@@ -93,6 +105,8 @@ class RouterServer:
             return
         self._started = False
         try:
+            if self.peer_link is not None:
+                await self.peer_link.close()
             await self._http.close()
         finally:
             await self._source.stop()

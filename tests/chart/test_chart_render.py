@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import helm_python
 import pytest
 import yaml
 
-from .conftest import CHART, CI_VALUES, REPO_ROOT, load_values, objects, render
+from .conftest import CHART, CI_VALUES, NAMESPACE, RELEASE, REPO_ROOT, load_values, objects, render
 
 BAD_CASES = yaml.safe_load((Path(__file__).parent / "fixtures" / "bad-values.yaml").read_text())
 Render = Callable[[Path], list[dict[str, Any]]]
@@ -43,7 +44,8 @@ def test_renders_the_components(values_file: Path, render_ci: Render) -> None:
     deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
     assert deployments == {"kvf-kvfleet-operator", "kvf-kvfleet-router", "kvf-kvfleet-autoscaler"}
     services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
-    assert services == deployments
+    # One Service per component, plus the routers' headless one for their load reports (peer load, on by default).
+    assert services - {"kvf-kvfleet-router-peers"} == deployments
     for deployment in (d for d in docs if d["kind"] == "Deployment"):
         pod = deployment["spec"]["template"]
         selector = deployment["spec"]["selector"]["matchLabels"]
@@ -183,8 +185,7 @@ def test_the_wake_token_reaches_the_routers_and_the_autoscaler_only(render_ci: R
     import base64
 
     rendered = render_ci(CHART / "ci" / "minimal-values.yaml")
-    (secret,) = [o for o in rendered if o["kind"] == "Secret"]
-    assert secret["metadata"]["name"].endswith("-wake-token")
+    (secret,) = [o for o in rendered if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-wake-token")]
     assert len(base64.b64decode(secret["data"]["token"])) == 48
     flag = "--wake-token-file=/var/run/kvfleet/wake/token"
     for d in (o for o in rendered if o["kind"] == "Deployment"):
@@ -236,3 +237,37 @@ def test_router_subscribes_to_kv_events_for_models_with_a_mounted_tokenizer() ->
         pod = router_pod(objects(render(values)))
         assert not [a for a in pod["containers"][0]["args"] if a.startswith("--kv-events")]
         assert not [v for v in pod["volumes"] if v["name"].startswith("tokenizer-")]
+
+
+def test_routers_exchange_load_through_a_headless_service_with_a_key_of_their_own() -> None:
+    rendered = objects(render({"router": {"peerLoad": {"enabled": True, "port": 7411}}}))
+    pod = router_pod(rendered)
+    container = pod["containers"][0]
+    args = container["args"]
+    assert "--peer-load-port=7411" in args
+    (peer,) = [a for a in args if a.startswith("--peer-load-peer=")]
+    assert peer.startswith(f"--peer-load-peer={RELEASE}") and peer.endswith(f"-router-peers.{NAMESPACE}.svc:7411")
+    assert "--peer-load-key-file=/var/run/kvfleet/peer-load/key" in args
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    key_secret = volumes["peer-load-key"]["secret"]["secretName"]
+    assert {"name": "peer-load-key", "mountPath": "/var/run/kvfleet/peer-load", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    secrets = [o for o in rendered if o["kind"] == "Secret" and o["metadata"]["name"] == key_secret]
+    assert len(secrets) == 1 and len(base64.b64decode(secrets[0]["data"]["key"])) >= 32
+    # Only the router pods mount it.
+    mounted_by = [
+        o["metadata"]["name"]
+        for o in rendered
+        if o["kind"] == "Deployment"
+        and any(v.get("secret", {}).get("secretName") == key_secret for v in o["spec"]["template"]["spec"]["volumes"])
+    ]
+    assert len(mounted_by) == 1 and mounted_by[0].endswith("-router")
+    (service,) = [o for o in rendered if o["kind"] == "Service" and o["metadata"]["name"].endswith("-router-peers")]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"] == [{"name": "peer-load", "port": 7411, "targetPort": 7411, "protocol": "UDP"}]
+    # On by default (the default install runs 2 routers); off: no flag, no Secret, no Service.
+    assert [a for a in router_pod(objects(render({})))["containers"][0]["args"] if a.startswith("--peer-load-port")]
+    rendered = objects(render({"router": {"peerLoad": {"enabled": False}}}))
+    assert not [a for a in router_pod(rendered)["containers"][0]["args"] if a.startswith("--peer-load")]
+    assert not [o for o in rendered if o["metadata"]["name"].endswith(("-peer-load-key", "-router-peers"))]

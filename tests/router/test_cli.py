@@ -91,3 +91,15 @@ def test_kv_events_flags_become_settings() -> None:
         parse_tokenizers(("llama=/a", "llama=/b"))
     with pytest.raises(click.BadParameter, match=r"kv_events_tokenizers: .*only used with kv_events_port"):
         load_settings(None, {"kv_events_tokenizers": tokenizers})
+
+
+def test_peer_load_flags_become_settings_and_a_missing_key_is_named(tmp_path: Path) -> None:
+    base = [*KVFLEET, "router", "serve", "--replica", "m=http://127.0.0.1:1", "--peer-load-port", "7400"]
+    result = subprocess.run(
+        [*base, "--peer-load-peer", "routers.kvfleet-system.svc:7400"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "peer_load_key_file: required" in result.stderr
+    result = subprocess.run(
+        [*base, "--peer-load-key-file", "/k", "--peer-load-peer", "no-port"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "'no-port' is not host:port" in result.stderr
