@@ -35,7 +35,6 @@ from kvfleet.router.wake import WakeRepeater, WakeSignal
 if TYPE_CHECKING:
     from kvfleet.router.kv_subscriber import EventSubscription
     from kvfleet.router.prompt_tokens import PromptTokenizer
-    from kvfleet.router.token_cache import SegmentTokenCache
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +82,11 @@ class Fleet:
         metrics.track_inflight(self._inflight_samples)
         # Loaded now, so a missing tokenizer stops the router at start, not on a request.
         self._tokenizers: dict[str, PromptTokenizer] = {}
-        self._token_caches: dict[str, SegmentTokenCache] = {}
         if settings.kv_events_port is not None:
             from kvfleet.router.prompt_tokens import load_tokenizer
-            from kvfleet.router.token_cache import CachedTokenizer
 
             for served_name, folder in settings.kv_events_tokenizers.items():
-                tokenizer = load_tokenizer(Path(folder), settings.kv_events_token_cache_tokens)
-                self._tokenizers[served_name] = tokenizer
-                if isinstance(tokenizer, CachedTokenizer) and tokenizer.pieces.enabled:
-                    self._token_caches[served_name] = tokenizer.pieces
+                self._tokenizers[served_name] = load_tokenizer(Path(folder), settings.kv_events_token_cache_tokens)
             metrics.track_kv_events(self._kv_event_samples)
             metrics.track_token_caches(self._token_cache_samples)
 
@@ -105,10 +99,14 @@ class Fleet:
 
     def _token_cache_samples(self) -> list[tuple[str, int, int, int, int]]:
         """(served name, hits, misses, evictions, tokens held) of each model's prompt-piece cache."""
-        return [
-            (served_name, st.hits, st.misses, st.evictions, st.tokens)
-            for served_name, st in ((name, cache.stats) for name, cache in self._token_caches.items())
-        ]
+        from kvfleet.router.token_cache import CachedTokenizer  # loaded already: a tokenizer exists
+
+        samples = []
+        for served_name, tokenizer in self._tokenizers.items():
+            if isinstance(tokenizer, CachedTokenizer) and tokenizer.pieces.enabled:
+                st = tokenizer.pieces.stats
+                samples.append((served_name, st.hits, st.misses, st.evictions, st.tokens))
+        return samples
 
     def _inflight_samples(self) -> list[tuple[str, str, str, int, int]]:
         return [

@@ -164,6 +164,11 @@ async def test_picks_follow_what_engines_report(tiny_model: Path, publishers: li
         await until(lambda: held(fleet, "r1", chat_ids) == len(chat_ids) // 4, timeout_s=5)
         assert pick(fleet, {"prompt": text}) == "r0"
         assert pick(fleet, {"messages": messages}) == "r1"
+        # Again: the system prompt's ids come from the router's token cache, and the fleet exports it.
+        assert pick(fleet, {"messages": messages}) == "r1"
+        exported = fleet._metrics.render().decode()
+        assert 'kvfleet_router_token_cache_hits_total{model="m"} 1.0' in exported, exported
+        assert 'kvfleet_router_token_cache_misses_total{model="m"} 1.0' in exported
     finally:
         await fleet.close()
 
