@@ -71,7 +71,8 @@ class PrometheusSourceSettings:
 
 @dataclass(frozen=True)
 class LeaseSettings:
-    namespace: str
+    namespace: str = "default"
+    """The Lease's namespace (the chart passes $POD_NAMESPACE)."""
     name: str = "kvfleet-autoscaler"
     identity: str = ""
     lease_duration_s: float = 15.0
@@ -113,9 +114,6 @@ FLAT_FIELDS: dict[str, dict[str, str]] = {
     "policy": {k: k for k in POLICY_FIELDS},
 }
 """The command line's flat names, by the part they belong to: {part: {flat name: the part's name}}."""
-
-LEASE_DEFAULTS: dict[str, Any] = {"namespace": "default"}
-"""The Lease's namespace when none is given (the chart passes $POD_NAMESPACE)."""
 
 
 class AutoscalerSettings(BaseModel):
@@ -166,9 +164,8 @@ class AutoscalerSettings(BaseModel):
             if part == "lease" and not data.get("leader_election", True):
                 data.pop("lease", None)
                 continue
-            if flat or part == "lease":
-                base = LEASE_DEFAULTS if part == "lease" else {}
-                data[part] = {**base, **(nested or {}), **flat}
+            if flat or part == "lease":  # a Lease always, with leader election: its identity is required
+                data[part] = {**(nested or {}), **flat}
         return data
 
     @model_validator(mode="after")
