@@ -15,13 +15,12 @@ from typing import Any, Protocol
 
 from kvfleet.autoscaler.settings import FIELD_MANAGER
 from kvfleet.autoscaler.sources import Target
-from kvfleet.kube import KubeClient, KubeError, KubeNotFound, Ref
-from kvfleet.spec import API_VERSION, PLURAL
+from kvfleet.kube import KubeClient, KubeError, KubeNotFound
+from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS
 from kvfleet.status import InferenceDeploymentStatus, status_patch, status_time
 
 log = logging.getLogger(__name__)
 
-INFERENCE_DEPLOYMENTS = Ref(API_VERSION, PLURAL)
 MAX_REASON_CHARS = 1024  # status.scaleReason's bound in the CRD
 
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvfleet.autoscaler.sources import Target
-from kvfleet.kube import KubeClient, Ref
+from kvfleet.kube import KubeClient
+from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchSettings
 from kvfleet.resource import InferenceDeployment
-from kvfleet.spec import API_VERSION, KIND, PLURAL, AutoscalingSpec
+from kvfleet.spec import API_VERSION, KIND, AutoscalingSpec
 from kvfleet.validation import validate_object
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class KubernetesDeployments:
     tick costs the API server nothing."""
 
     def __init__(self, api: KubeClient, namespace: str | None = None, settings: WatchSettings | None = None) -> None:
-        path = Ref(API_VERSION, PLURAL).collection(namespace)
+        path = INFERENCE_DEPLOYMENTS.collection(namespace)
         self.watch = ResourceWatch(api, path, self._changed, settings=settings)
         self._scaled: dict[ObjectKey, Scaled] = {}
         self.validations = 0

@@ -15,8 +15,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kvfleet.kube import KubeClient, KubeError, KubeNotFound, KubeRejected, Ref
+from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS
 from kvfleet.served_names import created_unix_s
-from kvfleet.spec import API_VERSION, KIND, PLURAL
+from kvfleet.spec import API_VERSION, KIND
 from kvfleet.validation import validate_spec
 
 from . import names
@@ -44,7 +45,7 @@ from .settings import FIELD_MANAGER, OperatorSettings
 
 log = logging.getLogger(__name__)
 
-INFD = Ref(API_VERSION, PLURAL)
+INFD = INFERENCE_DEPLOYMENTS
 PODS = Ref("v1", "pods")
 DISCOVERY_TTL_S = 300.0
 

@@ -23,14 +23,14 @@ from pydantic import ValidationError
 from kvfleet.contracts import DEPLOYMENT_LABEL, ENGINE_HTTP_PORT_NAME, KV_EVENTS_PORT_NAME
 from kvfleet.kube import KubeClient, Ref
 from kvfleet.kube.backoff import Backoff
+from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchCollector, WatchSettings
 from kvfleet.router.replicas import DeploymentView, Endpoint, FleetSink, NameConflict, Snapshot, resolve_claims
 from kvfleet.served_names import created_unix_s
-from kvfleet.spec import API_VERSION, PLURAL, InferenceDeploymentSpec, RoutingSpec
+from kvfleet.spec import InferenceDeploymentSpec, RoutingSpec
 
 log = logging.getLogger(__name__)
 
-INFERENCE_DEPLOYMENTS = Ref(API_VERSION, PLURAL)
 ENDPOINT_SLICES = Ref("discovery.k8s.io/v1", "endpointslices")
 
 # The operator labels each engine Service with DEPLOYMENT_LABEL (EndpointSlices inherit it) and names

@@ -1,8 +1,11 @@
-"""``Ref``: a resource type's address (apiVersion and URL plural) and the paths it gives (pure)."""
+"""``Ref``: a resource type's address (apiVersion and URL plural) and the paths it gives (pure), and the
+one for kvfleet's own InferenceDeployments."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from kvfleet.spec.identity import API_VERSION, PLURAL
 
 
 def group_path(api_version: str) -> str:
@@ -24,3 +27,7 @@ class Ref:
     def item(self, namespace: str | None, name: str, subresource: str | None = None) -> str:
         path = f"{self.collection(namespace)}/{name}"
         return f"{path}/{subresource}" if subresource else path
+
+
+INFERENCE_DEPLOYMENTS = Ref(API_VERSION, PLURAL)
+"""kvfleet's own resource, as the operator, the router and the autoscaler address it."""
