@@ -23,6 +23,8 @@ from typing import Any
 import msgpack
 import zmq
 
+from kvfleet.engine.kv_events_replay import ReplayBuffer, ReplayServer
+
 log = logging.getLogger(__name__)
 
 
@@ -30,8 +32,8 @@ log = logging.getLogger(__name__)
 class KVEventsConfig:
     """vLLM's ``KVEventsConfig`` fields, with the same names and defaults.
 
-    ``replay_endpoint`` is not served by the reference engine (subscribers fall back to their own
-    index when they see a gap), so asking for one is refused rather than ignored.
+    ``replay_endpoint``: a ROUTER socket serving the last ``buffer_steps`` batches to a subscriber that
+    joined late or lost some (kv_events_replay.py); always bound, as vLLM does.
     """
 
     enable_kv_cache_events: bool = False
@@ -73,8 +75,16 @@ class KVEventsConfig:
             raise ValueError(
                 f"kv_events_config.endpoint: must be a tcp://, ipc:// or inproc:// address, got {self.endpoint!r}"
             )
-        if self.replay_endpoint is not None:
-            raise ValueError("kv_events_config.replay_endpoint: not supported by the reference engine")
+        if self.replay_endpoint is not None and (
+            not isinstance(self.replay_endpoint, str)
+            or not self.replay_endpoint.startswith(("tcp://", "ipc://", "inproc://"))
+        ):
+            raise ValueError(
+                "kv_events_config.replay_endpoint: must be a tcp://, ipc:// or inproc:// address, "
+                f"got {self.replay_endpoint!r}"
+            )
+        if self.replay_endpoint is not None and self.replay_endpoint == self.endpoint:
+            raise ValueError("kv_events_config.replay_endpoint: must differ from endpoint")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 10_000_000:
@@ -124,7 +134,10 @@ def binds(endpoint: str) -> bool:
 
 
 class ZmqEventPublisher:
-    """Sends batches from the engine thread: never blocks it (a full socket drops and counts the batch)."""
+    """Sends batches from the engine thread: never blocks it (a full socket drops and counts the batch).
+
+    With ``replay_endpoint`` every numbered batch is also kept for replay (kv_events_replay.py).
+    """
 
     def __init__(self, config: KVEventsConfig, *, clock: Any = time.time) -> None:
         self.config = config
@@ -145,6 +158,17 @@ class ZmqEventPublisher:
         self._seq = 0
         self.sent_batches = 0
         self.dropped_batches = 0
+        self.replay: ReplayServer | None = None
+        self._replay_buffer: ReplayBuffer | None = None
+        if config.replay_endpoint is not None:
+            self._replay_buffer = ReplayBuffer(config.buffer_steps)
+            try:
+                self.replay = ReplayServer(
+                    config.replay_endpoint, self._replay_buffer, self._topic, buffer_steps=config.buffer_steps
+                )
+            except ValueError:
+                self._socket.close(0)
+                raise
 
     def publish(self, events: list[dict[str, Any]]) -> None:
         if not events:
@@ -152,6 +176,8 @@ class ZmqEventPublisher:
         payload = msgpack.packb([self._clock(), events, 0], use_bin_type=True)
         seq = self._seq
         self._seq += 1  # a dropped batch still takes its number: subscribers see the gap
+        if self._replay_buffer is not None:
+            self._replay_buffer.append(seq, payload)  # kept even if the PUB drops it: a replay brings it back
         try:
             self._socket.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
             self.sent_batches += 1
@@ -159,4 +185,6 @@ class ZmqEventPublisher:
             self.dropped_batches += 1
 
     def close(self) -> None:
+        if self.replay is not None:
+            self.replay.close()
         self._socket.close(0)

@@ -103,8 +103,16 @@ def _flag_given(extra_args: list[str], flag: str) -> bool:
 
 
 def kv_events_config(port: int, host: str = "*") -> str:
-    """vLLM's ``--kv-events-config``: ZeroMQ PUB bound on ``host:port``, the default topic ('')."""
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://{host}:{port}", "topic": ""}
+    """vLLM's ``--kv-events-config``: ZeroMQ PUB bound on ``host:port``, the default topic (''), and the
+    replay socket on the next port (``contracts.kv_events_replay_port``) with vLLM's default buffer."""
+    replay = contracts.kv_events_replay_port(port)
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://{host}:{port}",
+        "replay_endpoint": f"tcp://{host}:{replay}",
+        "topic": "",
+    }
     return json.dumps(config, separators=(",", ":"))
 
 

@@ -77,8 +77,12 @@ class LauncherSettings:
         _port(self.engine_port, "engine_port")
         _port(self.metrics_port, "metrics_port")
         _port(self.kv_events_port, "kv_events_port")
-        if len({self.engine_port, self.metrics_port, self.kv_events_port}) != 3:
-            raise ValueError("engine_port, metrics_port and kv_events_port must differ")
+        replay = contracts.kv_events_replay_port(self.kv_events_port)
+        _port(replay, "kv_events_port + 1 (the events' replay)")
+        if len({self.engine_port, self.metrics_port, self.kv_events_port, replay}) != 4:
+            raise ValueError(
+                "engine_port, metrics_port, kv_events_port and kv_events_port + 1 (the events' replay) must differ"
+            )
         if not 0 < self.artifact_push_timeout_s <= 7200:
             raise ValueError("artifact_push_timeout_s must be in (0, 7200]")
         if not 0.1 <= self.progress_log_interval_s <= 3600:

@@ -75,6 +75,15 @@ LAUNCHER_PORT = 9400
 LAUNCHER_PORT_NAME = "launcher"
 KV_EVENTS_PORT = 5557
 KV_EVENTS_PORT_NAME = "kv-events"
+# The events' replay socket (vLLM's replay_endpoint, a ZeroMQ ROUTER) listens on the events port + 1
+# (vLLM's own example pair, 5557/5558): a router that joins late asks it for the batches it missed.
+KV_EVENTS_REPLAY_PORT_OFFSET = 1
+KV_EVENTS_REPLAY_PORT_NAME = "kv-replay"
+
+
+def kv_events_replay_port(events_port: int) -> int:
+    return events_port + KV_EVENTS_REPLAY_PORT_OFFSET
+
 
 # --- files the operator mounts into an engine pod and the launcher reads
 SPEC_MOUNT_DIR = "/etc/kvfleet"

@@ -19,12 +19,14 @@ from kvfleet.contracts import (
     SPEC_HASH_ANNOTATION,
     SPEC_MOUNT_DIR,
     engine_name,
+    kv_events_replay_port,
     pdb_name,
     pin_configmap_name,
     spec_configmap_name,
 )
 from kvfleet.contracts import ENGINE_HTTP_PORT_NAME as HTTP_PORT
 from kvfleet.contracts import KV_EVENTS_PORT_NAME as KV_EVENTS_PORT
+from kvfleet.contracts import KV_EVENTS_REPLAY_PORT_NAME as KV_EVENTS_REPLAY_PORT
 from kvfleet.contracts import LAUNCHER_PORT_NAME as LAUNCHER_PORT
 from kvfleet.contracts import engine_labels as labels
 
@@ -35,6 +37,7 @@ __all__ = [
     "DEPLOYMENT_LABEL",
     "HTTP_PORT",
     "KV_EVENTS_PORT",
+    "KV_EVENTS_REPLAY_PORT",
     "LAUNCHER_PORT",
     "NODE_CACHE_MOUNT",
     "PIN_KEY",
@@ -45,6 +48,7 @@ __all__ = [
     "SPEC_HASH_ANNOTATION",
     "SPEC_MOUNT_DIR",
     "engine_name",
+    "kv_events_replay_port",
     "labels",
     "pdb_name",
     "pin_configmap_name",

@@ -224,6 +224,7 @@ def engine_ports(spec: InferenceDeploymentSpec, settings: OperatorSettings, key:
     ports = [(names.HTTP_PORT, settings.engine_port), (names.LAUNCHER_PORT, settings.launcher_port)]
     if spec.publishes_kv_events:
         ports.append((names.KV_EVENTS_PORT, settings.kv_events_port))
+        ports.append((names.KV_EVENTS_REPLAY_PORT, names.kv_events_replay_port(settings.kv_events_port)))
     if key == "containerPort":
         return [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports]
     return [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in ports]

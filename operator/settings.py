@@ -56,8 +56,8 @@ class OperatorSettings(BaseModel):
     kv_events_port: int = Field(
         default=contracts.KV_EVENTS_PORT,
         ge=1,
-        le=65535,
-        description="The engine's KV-cache events (ZeroMQ PUB), port kv-events.",
+        le=65534,
+        description="The engine's KV-cache events (ZeroMQ PUB), port kv-events; their replay socket is the next port.",
     )
     # --- pod lifecycle
     run_as_user: int = Field(default=1000, ge=1, le=2**31 - 1, description="Non-root UID of the engine images.")
@@ -160,8 +160,16 @@ class OperatorSettings(BaseModel):
     def _bounds(self) -> OperatorSettings:
         if self.startup_budget_min_s > self.startup_budget_max_s:
             raise ValueError("startup_budget_min_s must be <= startup_budget_max_s")
-        if self.engine_port == self.launcher_port:
-            raise ValueError("engine_port and launcher_port must differ")
+        ports = [
+            self.engine_port,
+            self.launcher_port,
+            self.kv_events_port,
+            contracts.kv_events_replay_port(self.kv_events_port),
+        ]
+        if len(set(ports)) != len(ports):
+            raise ValueError(
+                "engine_port, launcher_port, kv_events_port and kv_events_port + 1 (the events' replay) must differ"
+            )
         return self
 
     def image_for(self, kind: EngineKind) -> str:

@@ -151,6 +151,11 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     help="Subscribe only to replicas whose discovery names their events port (the EndpointSlice's kv-events).",
 )
 @click.option(
+    "--kv-events-replay/--no-kv-events-replay",
+    default=None,
+    help="Ask each engine's replay socket (the events port + 1) for what it buffers on connecting [default: on].",
+)
+@click.option(
     "--kv-events-tokenizer",
     "kv_events_tokenizer",
     multiple=True,
@@ -179,6 +184,7 @@ def serve(
     shared_namespaces: tuple[str, ...],
     kv_events_port: int | None,
     kv_events_announced_only: bool | None,
+    kv_events_replay: bool | None,
     kv_events_tokenizer: tuple[str, ...],
     peer_load_port: int | None,
     peer_load_peer: tuple[str, ...],
@@ -199,6 +205,7 @@ def serve(
             "shared_namespaces": shared_namespaces or None,
             "kv_events_port": kv_events_port,
             "kv_events_announced_only": kv_events_announced_only,
+            "kv_events_replay": kv_events_replay,
             "kv_events_tokenizers": parse_tokenizers(kv_events_tokenizer) or None,
             "peer_load_port": peer_load_port,
             "peer_load_peers": peer_load_peer or None,

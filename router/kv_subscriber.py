@@ -11,11 +11,21 @@ ZeroMQ reconnects by itself; each subscription's first delay is ``kv_events_reco
 ``kv_events_reconnect_max_s``. A socket monitor says when the connection is up or down: while down
 the replica is scored by the learned index. A bad batch is logged (rate-limited) and counted, never
 raised: nothing here can fail a request.
+
+Replay (``kv_events_replay``, kv_replay.py): on each connection the subscription first asks the
+engine's replay socket (the events port + 1) for every batch it still buffers, from 0, and applies
+them before reading the live stream, so a router that restarts or joins sees what the engine holds
+(complete while the engine's buffer still starts at batch 0). A live batch already replayed is a
+duplicate and skipped. A gap in the live numbers is asked for again (at most once per
+``REPLAY_INTERVAL_S``, at most ``GAP_REPLAY_MAX_BATCHES`` back), the live batch held until the
+missing ones are applied, so the view stays complete. The SUB socket is not read while a replay
+runs; ZeroMQ queues what arrives meanwhile (``kv_events_queue_batches``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -27,8 +37,10 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from kvfleet.contracts import kv_events_replay_port
 from kvfleet.router.engine_caches import ReplicaEvents
 from kvfleet.router.kv_events import DecodeLimits, KVEventError, decode_batch, decode_frames
+from kvfleet.router.kv_replay import ReplayLimits, ReplayOutcome, replay
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.settings import RouterSettings
 
@@ -39,6 +51,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0  # one warning per subscription and reason at most this often
+# At most one replay per subscription this often: a publisher that keeps dropping batches (a flood past
+# the rate) or its connection is not replayed in a loop; what is then missed leaves the view partial.
+REPLAY_INTERVAL_S = 5.0
+GAP_REPLAY_MAX_BATCHES = 1_000  # a wider gap is left: the view goes partial, as without replay
+YIELD_EVERY_BATCHES = 64  # a long replay lets the event loop serve requests between its batches
 
 
 class TokenBucket:
@@ -71,10 +88,12 @@ class EventSubscription:
         metrics: RouterMetrics,
         *,
         limits: DecodeLimits | None = None,
+        replay_endpoint: str | None = None,
     ) -> None:
         self.model = model
         self.replica_id = replica_id
         self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
         self.state = state
         self._settings = settings
         self._metrics = metrics
@@ -82,6 +101,9 @@ class EventSubscription:
         self._bucket = TokenBucket(settings.kv_events_max_batches_per_s)
         self._logged: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
+        self._replay_limits = ReplayLimits(idle_s=settings.kv_events_replay_idle_s)
+        self._replayed_through: int | None = None  # this connection's last replayed number
+        self._replay_at = -REPLAY_INTERVAL_S
 
     def start(self) -> None:
         if self._task is None:
@@ -111,10 +133,10 @@ class EventSubscription:
             sock.connect(self.endpoint)
             while True:
                 ready = dict(await poller.poll())
-                if monitor in ready:
-                    self._on_monitor(parse_monitor_message(await monitor.recv_multipart()))
+                if monitor in ready and self._on_monitor(parse_monitor_message(await monitor.recv_multipart())):
+                    await self._replay(0, until=None)  # everything the engine still buffers
                 if sock in ready:
-                    self._on_frames(await sock.recv_multipart())
+                    await self._on_frames(await sock.recv_multipart())
         except zmq.ZMQError as e:  # a bad endpoint: the replica stays on the learned index
             self._warn("socket", f"subscription to {self.endpoint} failed: {e}")
         finally:
@@ -123,11 +145,14 @@ class EventSubscription:
             monitor.close(0)
             sock.close(0)
 
-    def _on_monitor(self, message: Mapping[str, Any]) -> None:
+    def _on_monitor(self, message: Mapping[str, Any]) -> bool:
+        """Track the connection; True when it just came up (time to replay)."""
         if message["event"] == zmq.EVENT_CONNECTED:
             self.state.on_connected()
+            self._replayed_through = None
             self._metrics.kv_event_connections.inc((*self.model, "connected"))
             log.info("kv events of %s: connected to %s", self.replica_id, self.endpoint)
+            return self.replay_endpoint is not None
         elif message["event"] == zmq.EVENT_DISCONNECTED:
             self.state.on_disconnected()
             self._metrics.kv_event_connections.inc((*self.model, "disconnected"))
@@ -136,15 +161,51 @@ class EventSubscription:
                 self.replica_id,
                 self.endpoint,
             )
+        return False
 
-    def _on_frames(self, frames: list[bytes]) -> None:
-        """Decode and apply one batch; every failure is counted and logged, none raised."""
+    async def _on_frames(self, frames: list[bytes]) -> None:
+        """Decode and apply one live batch; every failure is counted and logged, none raised."""
         if not self._bucket.take():
             self.state.view.complete = False  # what it said is lost
             self._reject("rate", f"more than {self._settings.kv_events_max_batches_per_s} batches/s; dropped")
             return
         try:
             seq, payload = decode_frames(frames)
+        except KVEventError as e:
+            self.state.view.complete = False
+            self._reject(e.reason, e.detail)
+            return
+        if self._replayed_through is not None and 0 <= seq <= self._replayed_through:
+            self._metrics.kv_event_batches.inc((*self.model, "duplicate"))  # the replay brought it already
+            return
+        expected = self.state.seq.next
+        if expected is not None and expected < seq <= expected + GAP_REPLAY_MAX_BATCHES:
+            await self._replay(expected, until=seq)  # the missing ones first, so the view stays complete
+        self._apply(seq, payload)
+
+    async def _replay(self, start: int, *, until: int | None) -> None:
+        """Apply the publisher's buffered batches from ``start`` (up to ``until``, excluded) in order, unless
+        there is no replay socket or the last replay was under ``REPLAY_INTERVAL_S`` ago."""
+        now = time.monotonic()
+        if self.replay_endpoint is None or now - self._replay_at < REPLAY_INTERVAL_S:
+            return
+        self._replay_at = now
+        outcome = ReplayOutcome()
+        async with contextlib.aclosing(replay(self.replay_endpoint, start, self._replay_limits, outcome)) as batches:
+            async for seq, payload in batches:
+                if until is not None and seq >= until:
+                    break  # the live stream brings these
+                self._apply(seq, payload)
+                if until is None:
+                    self._replayed_through = seq  # the live stream brings these again: duplicates
+                if outcome.batches % YIELD_EVERY_BATCHES == 0:
+                    await asyncio.sleep(0)
+        self._metrics.kv_event_replays.inc((*self.model, outcome.reason))
+        if outcome.reason != "done":
+            self._warn(f"replay-{outcome.reason}", f"replay from {start} ended: {outcome.reason}: {outcome.detail}")
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        try:
             batch = decode_batch(payload, self._limits)
         except KVEventError as e:
             self.state.view.complete = False
@@ -177,11 +238,25 @@ def subscribe(
     settings: RouterSettings,
     metrics: RouterMetrics,
 ) -> None:
-    """Subscribe to the replica's KV-cache events at its host and its (or the configured) port."""
+    """Subscribe to the replica's KV-cache events at its host and its (or the configured) port; their
+    replay socket is the next port (``contracts.kv_events_replay_port``)."""
     host = urlsplit(endpoint.url).hostname or ""
     port = endpoint.kv_events_port or settings.kv_events_port
-    address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-    state = caches.add(endpoint.replica_id)
-    subscription = EventSubscription(labels, endpoint.replica_id, address, state, settings, metrics)
+    if port is None:
+        raise ValueError(f"replica {endpoint.replica_id!r}: no KV events port (kv_events_port is not set)")
+
+    def address(port: int) -> str:
+        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+    replay_endpoint = address(kv_events_replay_port(port)) if settings.kv_events_replay else None
+    subscription = EventSubscription(
+        labels,
+        endpoint.replica_id,
+        address(port),
+        caches.add(endpoint.replica_id),
+        settings,
+        metrics,
+        replay_endpoint=replay_endpoint,
+    )
     subscriptions[endpoint.replica_id] = subscription
     subscription.start()

@@ -166,8 +166,15 @@ class RouterMetrics:
             "KV-cache event subscription transitions: connected, disconnected.",
             ["namespace", "model", "event"],
         )
+        self.kv_event_replays = CounterSeries(
+            "kvfleet_router_kv_event_replays",
+            "Replays asked of an engine's replay socket, by how they ended: done, timeout (no replay socket), "
+            "malformed, too-many, socket.",
+            ["namespace", "model", "outcome"],
+        )
         self._series: list[CounterSeries | HistogramSeries] = [
             self.kv_event_batches,
+            self.kv_event_replays,
             self.kv_event_rejects,
             self.kv_event_blocks_skipped,
             self.kv_event_connections,

@@ -234,6 +234,16 @@ class RouterSettings(BaseModel):
             "publishes), instead of trying kv_events_port on every replica. The chart sets it."
         ),
     )
+    kv_events_replay: bool = Field(
+        default=True,
+        description=(
+            "Ask each engine's replay socket (vLLM's replay_endpoint, the events port + 1) for the batches it still "
+            "buffers on connecting and after a gap, so a restarted router sees what the engines hold at once."
+        ),
+    )
+    kv_events_replay_idle_s: float = Field(
+        default=1.0, gt=0, le=60, description="A replay with no answer for this long ends (no replay socket there)."
+    )
     kv_events_topic: str = Field(default="", max_length=256, description="The publishers' topic (vLLM's default: '').")
     kv_events_tokenizers: dict[str, str] = Field(
         default_factory=dict,

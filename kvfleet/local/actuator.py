@@ -22,7 +22,7 @@ from typing import Protocol
 import aiohttp
 
 from kvfleet.autoscaler.sources import SourceError
-from kvfleet.free_port import pick_free_port
+from kvfleet.free_port import pick_free_port, pick_free_port_pair
 from kvfleet.local.processes import ChildProcess, ProcessStartError, spawn, wait_healthy
 from kvfleet.local.replicas import ReplicaState, ReplicaView, plan_scale, restart_backoff_s
 from kvfleet.local.settings import ProcessSettings
@@ -233,12 +233,16 @@ class DeploymentProcesses:
     def _events_port(self, http_port: int) -> int | None:
         if not self.kv_events:
             return None
-        # Another free port; a taken one makes the engine exit at once, and the start is retried.
+        # Two more free ports, the events' and their replay socket's (the next one); a taken one makes the
+        # engine exit at once, and the start is retried.
         for _ in range(10):
-            port = pick_free_port()
-            if port != http_port:
+            try:
+                port = pick_free_port_pair()
+            except OSError:
+                break
+            if http_port not in (port, port + 1):
                 return port
-        raise ProcessStartError("no free port for the KV-cache events")
+        raise ProcessStartError("no free ports for the KV-cache events and their replay")
 
     async def _start_until_ready(self, replica: Replica) -> None:
         s = self.settings

@@ -94,6 +94,8 @@ def test_launcher_defaults_are_where_the_operator_mounts_and_listens() -> None:
         contracts.ENGINE_HTTP_PORT_NAME: launcher.engine_port,
         contracts.LAUNCHER_PORT_NAME: launcher.metrics_port,
         contracts.KV_EVENTS_PORT_NAME: launcher.kv_events_port,
+        # The engine binds its events' replay socket on the next port (engine_args.kv_events_config).
+        contracts.KV_EVENTS_REPLAY_PORT_NAME: contracts.kv_events_replay_port(launcher.kv_events_port),
     }
 
 

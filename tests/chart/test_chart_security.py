@@ -124,6 +124,7 @@ def test_engines_take_traffic_from_routers_prometheus_and_the_operator_only() ->
         assert sorted(component(p) for p in allowed["launcher"]) == ["operator", "prometheus"]
         # The KV-cache events carry prompts' token ids: routers only.
         assert [component(p) for p in allowed["kv-events"]] == ["router"]
+        assert [component(p) for p in allowed["kv-replay"]] == ["router"], "the events' replay socket, the same"
         router = next(p for p in allowed["http"] if component(p) == "router")
         assert router["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kvfleet-system"}}
         assert next(p for p in allowed["http"] if component(p) == "prometheus") == prometheus
@@ -134,7 +135,7 @@ def test_the_events_port_stays_closed_when_kv_events_are_off() -> None:
     (policy,) = [
         d for d in docs_of(values) if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-engines")
     ]
-    assert "kv-events" not in peers(policy)
+    assert "kv-events" not in peers(policy) and "kv-replay" not in peers(policy)
 
 
 def test_the_wake_port_takes_routers_and_prometheus_only() -> None:

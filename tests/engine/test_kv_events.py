@@ -31,7 +31,7 @@ def test_config_is_vllms_json_and_names_the_bad_field() -> None:
         ('{"enable_kv_cache_event": true}', "kv_events_config.enable_kv_cache_event: unknown field"),
         ('{"publisher": "kafka"}', "kv_events_config.publisher"),
         ('{"endpoint": "http://x:1"}', "kv_events_config.endpoint"),
-        ('{"replay_endpoint": "tcp://*:5558"}', "kv_events_config.replay_endpoint: not supported"),
+        ('{"replay_endpoint": "udp://*:5558"}', "kv_events_config.replay_endpoint: must be a tcp://"),
         ('{"hwm": 0}', "kv_events_config.hwm"),
     ]:
         with pytest.raises(ValueError, match=field):

@@ -228,7 +228,13 @@ def test_kv_events_published_by_default_on_the_pods_port(kind: str) -> None:
     argv = render_engine_command(spec_with(kind), inputs(kv_events_port=6001)).argv
     config = json.loads(flag_value(argv, "--kv-events-config") or "{}")
     # vLLM's KVEventsConfig fields; the reference engine parses the same JSON (engine/kv_events.py).
-    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:6001", "topic": ""}
+    assert config == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:6001",
+        "replay_endpoint": "tcp://*:6002",  # the pod's kv-replay port: a router that joins late asks it
+        "topic": "",
+    }
     assert KVEventsConfig.from_json(flag_value(argv, "--kv-events-config") or "").enabled
 
 
@@ -258,7 +264,11 @@ def test_launcher_ports_are_distinct_and_the_events_port_reaches_the_engine() ->
     from kvfleet.engine_image.settings import LauncherSettings
 
     assert LauncherSettings().kv_events_port == 5557  # the operator's kv-events container port
-    with pytest.raises(ValueError, match="engine_port, metrics_port and kv_events_port must differ"):
+    with pytest.raises(ValueError, match=r"engine_port, metrics_port, kv_events_port and kv_events_port \+ 1"):
         LauncherSettings(kv_events_port=8000)
+    with pytest.raises(ValueError, match=r"kv_events_port \+ 1 \(the events' replay\) must differ"):
+        LauncherSettings(kv_events_port=7999)  # its replay socket would take the engine's port
+    with pytest.raises(ValueError, match=r"kv_events_port \+ 1 \(the events' replay\)"):
+        LauncherSettings(kv_events_port=65535)
     with pytest.raises(ValueError, match="kv_events_port"):
         LauncherSettings(kv_events_port=0)

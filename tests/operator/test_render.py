@@ -94,7 +94,12 @@ def test_launcher_entrypoint_ports_and_probes() -> None:
     c = container(dep)
     assert c["command"] == ["kvfleet", "engine", "launch", "--spec", "/etc/kvfleet/spec.json"]
     assert c["image"] == SETTINGS.images["vllm"]
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "launcher": 9400, "kv-events": 5557}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
+        "http": 8000,
+        "launcher": 9400,
+        "kv-events": 5557,
+        "kv-replay": 5558,
+    }
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
     # 3 x 200 s = 600 s of startup budget, probed every 10 s: 60 failures allowed.
@@ -278,6 +283,7 @@ def test_labels_and_owner_reference_on_every_child() -> None:
         "http": 8000,
         "launcher": 9400,
         "kv-events": 5557,
+        "kv-replay": 5558,
     }
     assert children[4]["spec"]["maxUnavailable"] == 1
     assert [e["port"] for e in children[5]["spec"]["endpoints"]] == ["http", "launcher"]
@@ -403,11 +409,26 @@ def test_kv_events_port_only_where_the_engine_publishes(fields: dict[str, Any], 
     wanted = [{"name": "kv-events", "port": 5557, "targetPort": "kv-events", "protocol": "TCP"}] if published else []
     # The Service's port names reach its EndpointSlices, where the routers find the events port.
     assert [p for p in service["spec"]["ports"] if p["name"] == names.KV_EVENTS_PORT] == wanted
-    in_pod = [p for p in container(dep)["ports"] if p["name"] == names.KV_EVENTS_PORT]
-    assert in_pod == ([{"name": "kv-events", "containerPort": 5557, "protocol": "TCP"}] if published else [])
+    in_pod = [p for p in container(dep)["ports"] if p["name"] in (names.KV_EVENTS_PORT, names.KV_EVENTS_REPLAY_PORT)]
+    assert in_pod == (
+        [
+            {"name": "kv-events", "containerPort": 5557, "protocol": "TCP"},
+            {"name": "kv-replay", "containerPort": 5558, "protocol": "TCP"},
+        ]
+        if published
+        else []
+    )
 
 
 def test_operator_and_router_agree_on_the_events_port_name() -> None:
     from kvfleet.router.kubernetes_source import KV_EVENTS_PORT_NAME
 
     assert names.KV_EVENTS_PORT == KV_EVENTS_PORT_NAME
+
+
+def test_operator_ports_must_differ_including_the_events_replay() -> None:
+    with pytest.raises(ValueError, match=r"kv_events_port \+ 1 \(the events' replay\) must differ"):
+        OperatorSettings(kv_events_port=7999)  # its replay socket would take the engine's 8000
+    with pytest.raises(ValueError, match="kv_events_port"):
+        OperatorSettings(kv_events_port=65535)
+    assert OperatorSettings(kv_events_port=6000).kv_events_port == 6000

@@ -95,6 +95,7 @@ async def make_fleet(tiny_model: Path, publishers: list[Publisher], **overrides:
         kv_events_reconnect_s=0.05,
         kv_events_reconnect_max_s=0.2,
         placement=False,
+        kv_events_replay=False,  # these publishers have no replay socket (test_kv_replay.py has)
         **overrides,  # type: ignore[arg-type]
     )
     fleet = Fleet(settings, NoWakeSignal(), RouterMetrics())
