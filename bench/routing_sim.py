@@ -306,27 +306,28 @@ WORKLOADS: dict[str, dict[str, Workload]] = {
 }
 DEFAULT_REQUESTS = {"h100": (12_000, 4_000), "small": (4_000, 0)}  # (requests, of which warm-up)
 
-# -- replicas ---------------------------------------------------------------------------------------
-
-
 # -- KV-cache event batches: what a router that restarts can replay ------------------------------------
 # vLLM publishes one event batch per engine step that has events, numbered from 0, and keeps the last
 # ``buffer_steps`` (10,000 by default) for its replay socket. It caches full blocks of generated tokens
-# too (``allocate_slots`` caches up to ``request.num_tokens``), so with a dozen or more sequences
-# decoding (every replica here, at 80% load) nearly every decode step stores a block and publishes a
-# batch. The simulator does not model decode steps, so it counts them by time, conservatively (more
-# batches: a shorter horizon in the buffer, worse for replay): one batch every ``EVENT_STEP_S``, the
-# model's fastest decode step (7 ms with nothing else in the batch), from the engine's start, plus one
-# per prefill that stores blocks and one per prefill that evicts some, as if neither ever shared a step.
+# too (``allocate_slots`` caches up to ``request.num_tokens``): with n sequences decoding a step fills a
+# 16-token block with probability 1 - (15/16)^n, ~50% at the ~10 a replica decodes here in RAG, ~90% at
+# the ~35 in nothing shared. The simulator does not model decode steps, so it counts them by time,
+# conservatively (more batches: a shorter horizon in the buffer, worse for replay): one batch every
+# ``EVENT_STEP_S``, the model's fastest decode step (7 ms with nothing else in the batch), from the
+# engine's start, plus one per prefill that stores blocks and one per prefill that evicts some, as if
+# neither ever shared a step.
 EVENT_STEP_S = 0.007
 VLLM_BUFFER_STEPS = 10_000  # vLLM's ``ZmqEventPublisher`` default ``buffer_steps``
+
+
+# -- replicas ---------------------------------------------------------------------------------------
 
 
 class Engine:
     """An engine replica: an exact LRU prefix cache, ``slots`` requests served at once, a FIFO queue.
 
-    Each cached block maps to the number of the event batch that stored it (the latest time it was
-    stored: a block that is hit is not stored again, so a prefix that stays cached keeps its first number).
+    Each cached block maps to the number of the event batch that last stored it: a block that is hit is
+    not stored again (unless ``report_hits``), so a prefix that stays cached keeps its first number.
     """
 
     def __init__(self, cache_blocks: int, slots: int) -> None:
@@ -1111,7 +1112,7 @@ PEER_LOAD_GOAL = f"{PLACEMENT_AND_EVENTS} + peer load ({PEER_LATENCY_S * 1000:g}
 FLEET_GOAL_STRATEGIES = ("placement", PLACEMENT_AND_EVENTS, PEER_LOAD_GOAL)
 FLEET_BASELINE = "kvfleet before (own index, no slack)"  # one router of today's kvfleet: the figures to hold
 # How a router restarting with KV events rebuilds its views (``Replay``). At the batch rate counted here
-# (``EVENT_STEP_S``: ~160-175 batches/s per engine) vLLM's default buffer holds the last ~60 s, less than
+# (``EVENT_STEP_S``: ~150-175 batches/s per engine) vLLM's default buffer holds the last ~60 s, less than
 # the ~55-210 s before each h100 trace's restart but for nothing shared's; 1,000 batches hold ~6 s; the
 # first row's buffer outlasts every trace (the complete view, as a buffer counted per request would be).
 REPLAYS = {
