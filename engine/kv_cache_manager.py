@@ -13,6 +13,7 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from kvfleet.engine.block_pool import BlockPool, blocks_for_tokens, chain_block_hashes
+from kvfleet.engine.kv_events import block_stored
 from kvfleet.engine.sequence import Sequence
 
 
@@ -98,6 +99,10 @@ class KVCacheManager:
         pool.share(computed_blocks)
         seq.block_table = [*computed_blocks, *pool.allocate(new)]
         seq.num_registered_blocks = len(computed_blocks)
+        if computed_blocks and seq.params.kv_cache_report_mode == "full" and pool.events is not None:
+            # vLLM's "full" report mode: the hit blocks again, as one BlockStored from the prompt's start.
+            n = len(computed_blocks)
+            pool.events.append(block_stored(seq.block_hashes[:n], None, seq.token_ids[: n * bs], bs))
         return True
 
     def cache_computed_blocks(self, seq: Sequence) -> None:

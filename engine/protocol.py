@@ -37,6 +37,8 @@ class _Common(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: Any = None
+    # vLLM's extra sampling args; the reference engine reads kv_cache_report_mode and ignores the rest.
+    vllm_xargs: dict[str, Any] | None = None
 
     @field_validator("n")
     @classmethod
@@ -62,6 +64,14 @@ class _Common(BaseModel):
             raise ValueError("stop strings must be non-empty")
         return value
 
+    @field_validator("vllm_xargs")
+    @classmethod
+    def _xargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        mode = (value or {}).get("kv_cache_report_mode", "incremental")
+        if mode not in ("incremental", "full"):
+            raise ValueError(f"kv_cache_report_mode must be 'incremental' or 'full', got {mode!r}")
+        return value
+
     @field_validator("logprobs")
     @classmethod
     def _logprobs(cls, value: Any) -> Any:
@@ -80,6 +90,7 @@ class _Common(BaseModel):
             stop=tuple(stops),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            kv_cache_report_mode=(self.vllm_xargs or {}).get("kv_cache_report_mode", "incremental"),
         )
 
     @property

@@ -156,6 +156,11 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     help="Ask each engine's replay socket (the events port + 1) for what it buffers on connecting [default: on].",
 )
 @click.option(
+    "--kv-events-report-hits/--no-kv-events-report-hits",
+    default=None,
+    help="Ask engines to announce the cached blocks each request hits (vllm_xargs kv_cache_report_mode) [default: on].",
+)
+@click.option(
     "--kv-events-tokenizer",
     "kv_events_tokenizer",
     multiple=True,
@@ -185,6 +190,7 @@ def serve(
     kv_events_port: int | None,
     kv_events_announced_only: bool | None,
     kv_events_replay: bool | None,
+    kv_events_report_hits: bool | None,
     kv_events_tokenizer: tuple[str, ...],
     peer_load_port: int | None,
     peer_load_peer: tuple[str, ...],
@@ -206,6 +212,7 @@ def serve(
             "kv_events_port": kv_events_port,
             "kv_events_announced_only": kv_events_announced_only,
             "kv_events_replay": kv_events_replay,
+            "kv_events_report_hits": kv_events_report_hits,
             "kv_events_tokenizers": parse_tokenizers(kv_events_tokenizer) or None,
             "peer_load_port": peer_load_port,
             "peer_load_peers": peer_load_peer or None,

@@ -63,6 +63,25 @@ def send_error(responder: Responder, error: RouterError) -> None:
     send_json(responder, error.status, body, extra)
 
 
+REPORT_HITS = b'"vllm_xargs":{"kv_cache_report_mode":"full"},'
+
+
+def with_hits_reported(raw: bytes, body: dict[str, Any]) -> bytes:
+    """The request asking its engine to announce the prefix-cache blocks it hits (vLLM's per-request
+    ``vllm_xargs.kv_cache_report_mode: "full"``), so every router's view learns a prefix stored before it
+    subscribed. ``body`` is ``raw`` parsed (an object with a model: never empty). A client's own
+    ``vllm_xargs`` are kept, and its own report mode wins."""
+    xargs = body.get("vllm_xargs")
+    if xargs is None:
+        # Spliced after the opening brace: no re-encoding of a long prompt.
+        start = raw.index(b"{") + 1
+        return raw[:start] + REPORT_HITS + raw[start:]
+    if isinstance(xargs, dict) and "kv_cache_report_mode" not in xargs:
+        body["vllm_xargs"] = {**xargs, "kv_cache_report_mode": "full"}
+        return json.dumps(body).encode()
+    return raw
+
+
 def parse_body(raw: bytes) -> tuple[dict[str, Any], str]:
     """The request object and its ``model``; ``BadRequestError`` naming what is wrong otherwise."""
     try:
@@ -199,6 +218,8 @@ class Proxy:
             hashes = self._fleet.prompt_blocks(model, body)
             tokenize = self._fleet.engine_blocks_job(model, body, hashes)
             if tokenize is not None:
+                if self._settings.kv_events_report_hits:
+                    request.body = with_hits_reported(request.body, body)
                 if len(request.body) > self._settings.kv_events_inline_tokenize_bytes:
                     # Milliseconds of tokenizer work: off the event loop, so other requests are not held up.
                     await asyncio.get_running_loop().run_in_executor(None, tokenize)

@@ -241,6 +241,13 @@ class RouterSettings(BaseModel):
             "buffers on connecting and after a gap, so a restarted router sees what the engines hold at once."
         ),
     )
+    kv_events_report_hits: bool = Field(
+        default=True,
+        description=(
+            "Ask the engine to announce the cached blocks each request hits (vLLM's vllm_xargs kv_cache_report_mode "
+            "'full'), so a router that joined late learns a long-cached prefix once any router's request hits it."
+        ),
+    )
     kv_events_replay_idle_s: float = Field(
         default=1.0, gt=0, le=60, description="A replay with no answer for this long ends (no replay socket there)."
     )

@@ -145,3 +145,46 @@ def test_a_replay_socket_that_never_answers_ends_as_a_timeout() -> None:
     got, outcome, took_s = asyncio.run(ask())
     assert got == [] and outcome.reason == "timeout" and "within 0.2 s" in outcome.detail
     assert took_s < 2.0
+
+
+def test_full_report_mode_announces_the_blocks_a_request_hits(tiny_model_dir: Path) -> None:
+    """vLLM's ``vllm_xargs.kv_cache_report_mode: "full"``: a subscriber that missed a prefix's store (it
+    joined after it) learns the prefix when a request hits it; the default mode announces nothing again."""
+    port = pick_free_port_pair()
+    core = make_core(tiny_model_dir, num_kv_blocks=32, block_size_tokens=4, kv_events=_config(port))
+    seen = 0
+
+    def stored_since() -> list[dict[str, object]]:
+        """BlockStored events published since the last call (read back through the replay socket)."""
+        nonlocal seen
+        replies = _ask(port, seen)[:-1]
+        seen += len(replies)
+        return [e for r in replies for e in msgpack.unpackb(r[3])[1] if e["type"] == "BlockStored"]
+
+    try:
+        prompt = list(range(1, 22))  # 5 full blocks, the last token left to compute
+        run_to_completion(core, {"a": prompt}, SamplingParams(max_tokens=1, temperature=0.0))
+        assert stored_since(), "the first request stores the prefix (before the late subscriber joined)"
+        run_to_completion(core, {"b": prompt}, SamplingParams(max_tokens=1, temperature=0.0))
+        assert stored_since() == [], "incremental: a hit is not announced again"
+        full = SamplingParams(max_tokens=1, temperature=0.0, kv_cache_report_mode="full")
+        run_to_completion(core, {"c": prompt}, full)
+        (hit,) = stored_since()
+        assert hit["parent_block_hash"] is None and len(hit["block_hashes"]) == 5  # type: ignore[arg-type]
+        late = CacheView(max_blocks=1000)
+        late.apply(decode_batch(msgpack.packb([0.0, [hit], 0], use_bin_type=True)))
+        assert late.matched_blocks(token_block_hashes(prompt, 4)) == 5
+    finally:
+        core.close()
+
+
+def test_report_mode_comes_from_vllm_xargs_and_a_bad_one_is_named() -> None:
+    from pydantic import ValidationError
+
+    from kvfleet.engine.protocol import CompletionRequest
+
+    asked = CompletionRequest(prompt="hi", vllm_xargs={"kv_cache_report_mode": "full", "other": 1})
+    assert asked.sampling_params(4).kv_cache_report_mode == "full"
+    assert CompletionRequest(prompt="hi").sampling_params(4).kv_cache_report_mode == "incremental"
+    with pytest.raises(ValidationError, match="kv_cache_report_mode must be 'incremental' or 'full'"):
+        CompletionRequest(prompt="hi", vllm_xargs={"kv_cache_report_mode": "all"})

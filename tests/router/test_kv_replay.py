@@ -199,3 +199,21 @@ async def test_an_engine_without_a_replay_socket_costs_one_bounded_wait(
     finally:
         await fleet.close()
         plain.close()
+
+
+def test_requests_ask_engines_to_report_their_hits_and_a_clients_own_mode_wins() -> None:
+    import json
+
+    from kvfleet.router.proxy import with_hits_reported
+
+    def forwarded(body: dict[str, object]) -> dict[str, object]:
+        raw = json.dumps(body, indent=1).encode()
+        out: dict[str, object] = json.loads(with_hits_reported(raw, body))
+        return out
+
+    plain = forwarded({"model": "m", "prompt": "x" * 100})
+    assert plain == {"vllm_xargs": {"kv_cache_report_mode": "full"}, "model": "m", "prompt": "x" * 100}
+    merged = forwarded({"model": "m", "vllm_xargs": {"session_id": "s"}})
+    assert merged["vllm_xargs"] == {"session_id": "s", "kv_cache_report_mode": "full"}
+    own = forwarded({"model": "m", "vllm_xargs": {"kv_cache_report_mode": "incremental"}})
+    assert own["vllm_xargs"] == {"kv_cache_report_mode": "incremental"}
