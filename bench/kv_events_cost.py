@@ -38,6 +38,7 @@ from typing import Any
 
 import msgpack
 
+from kvfleet.engine.kv_events import block_stored
 from kvfleet.router.engine_caches import EngineCaches
 from kvfleet.router.kv_events import BlockStored, CacheView, EventBatch, decode_batch
 from kvfleet.router.picking import Candidate, PickRequest, build_strategy
@@ -95,7 +96,7 @@ def stored_batch(seed: int, removed: list[bytes]) -> tuple[bytes, list[bytes]]:
 def measure(tokenizer_dir: Path, seconds: float) -> dict[str, Any]:
     tokenizer = load_tokenizer(tokenizer_dir, cache_tokens=0)  # every prompt tokenized whole
     cached = load_tokenizer(tokenizer_dir)  # the router's default: the prompt-piece cache on
-    out: dict[str, Any] = {"request_us": {}, "pick_us": {}}
+    out: dict[str, Any] = {"request_us": {}, "pick_us": {}, "hit_report": {}}
     for name, body in bodies().items():
 
         def text_only(body: dict[str, Any] = body) -> object:
@@ -157,6 +158,20 @@ def measure(tokenizer_dir: Path, seconds: float) -> dict[str, Any]:
         out["pick_us"][name] = {
             "index_only": per_call_us(partial(plain.pick, candidates, request_plain), seconds),
             "with_event_views": per_call_us(partial(with_events.pick, candidates, request_events), seconds),
+        }
+        # A hit reported (vLLM's kv_cache_report_mode "full", the router's default): the engine announces
+        # the request's whole cached prefix again, and every router applies it to a view that holds it.
+        n = len(ids) // BLOCK_TOKENS
+        engine_hashes = [hashlib.sha256(f"{name}-{b}".encode()).digest() for b in range(n)]
+        report = msgpack.packb(
+            [0.0, [block_stored(engine_hashes, None, ids[: n * BLOCK_TOKENS], BLOCK_TOKENS)], 0], use_bin_type=True
+        )
+        holding = CacheView(100_000)
+        holding.apply(decode_batch(report))
+        out["hit_report"][name] = {
+            "blocks": n,
+            "bytes": len(report),
+            "us_per_report": per_call_us(lambda r=report, v=holding: v.apply(decode_batch(r)), seconds),
         }
     # Batches: decode + apply, a view at steady state (each batch stores 16 blocks and removes 16).
     view = CacheView(1_000_000)
@@ -250,6 +265,16 @@ def markdown(s: dict[str, Any]) -> str:
     lines += ["", "| pick among 4 replicas | index only | with 4 event views |", "|---|---|---|"]
     for name, r in s["pick_us"].items():
         lines.append(f"| {name} | {r['index_only']:.1f} us | {r['with_event_views']:.1f} us |")
+    lines += [
+        "",
+        "A hit reported (`kv_cache_report_mode: full`, the router's default): the engine announces the request's "
+        "cached prefix again as one BlockStored, and every router decodes and applies it to a view that holds it.",
+        "",
+        "| request | blocks | bytes | decode + apply per report |",
+        "|---|---|---|---|",
+    ]
+    for name, r in s["hit_report"].items():
+        lines.append(f"| {name} | {r['blocks']:.0f} | {r['bytes']:.0f} | {r['us_per_report']:.1f} us |")
     b, m = s["batch"], s["memory"]
     lines += [
         "",

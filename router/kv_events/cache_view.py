@@ -23,8 +23,8 @@ def token_block_hashes(
     from ``parent`` (the router hash of the block before the first; ``ROOT_HASH`` for a prompt's start).
 
     Python's keyed hash (process-local, like ``prompt.block_hashes``): the view and the requests of
-    one router process compare them, nothing else does. The view hashes an event's blocks with this
-    same function, so the two cannot drift apart.
+    one router process compare them, nothing else does. The view hashes an event's blocks with the
+    same step (``chain_hash``), so the two cannot drift apart.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -34,9 +34,14 @@ def token_block_hashes(
     out: list[int] = []
     previous = parent
     for start in range(0, n * block_size, block_size):
-        previous = hash((previous, tuple(token_ids[start : start + block_size])))
+        previous = chain_hash(previous, token_ids[start : start + block_size])
         out.append(previous)
     return out
+
+
+def chain_hash(parent: int, block: Sequence[int]) -> int:
+    """One block's router hash under its parent's: the one step of ``token_block_hashes``."""
+    return hash((parent, tuple(block)))
 
 
 @dataclass
@@ -125,18 +130,25 @@ class CacheView:
                 result.skip("unknown-parent", n)
                 return
             previous = found
-        router_hashes = token_block_hashes(event.token_ids, event.block_size, max_blocks=n, parent=previous)
         router_of = self._router_of
         held = self._held
+        tokens = event.token_ids
+        bs = event.block_size
         # decode_batch checked there are block_size tokens per block hash; an event built by hand with
         # fewer stores only its whole blocks.
-        for engine_hash, router_hash in zip(event.block_hashes, router_hashes, strict=False):
-            old = router_of.pop(engine_hash, None)  # stored again: refresh its age, no double count
-            if old is not None:
-                self._drop(old)
-            router_of[engine_hash] = router_hash
-            held[router_hash] = held.get(router_hash, 0) + 1
-        result.stored += len(router_hashes)
+        n = min(n, len(tokens) // bs)
+        for i, engine_hash in enumerate(event.block_hashes[:n]):
+            known = router_of.pop(engine_hash, None)
+            if known is not None:
+                # Stored again (a hit reported, a repeat): refresh its age, no double count, and no hashing of
+                # its tokens. An engine hash names one chain, so its router hash is the one already held.
+                router_of[engine_hash] = known
+                previous = known
+                continue
+            previous = chain_hash(previous, tokens[i * bs : (i + 1) * bs])
+            router_of[engine_hash] = previous
+            held[previous] = held.get(previous, 0) + 1
+        result.stored += n
 
     def _remove(self, event: BlockRemoved, result: ApplyResult) -> None:
         if event.medium not in (None, "GPU") or event.group_idx not in (None, 0):

@@ -110,7 +110,7 @@ def _stored(fields: dict[str, Any], i: int, limits: DecodeLimits) -> BlockStored
     if parent is not None and not _is_hash(parent):
         raise KVEventError("malformed", f"event {i}: parent_block_hash must be bytes, an integer or nil")
     tokens = fields.get("token_ids")
-    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
+    if not isinstance(tokens, list) or not _all_ints(tokens):
         raise KVEventError("malformed", f"event {i}: token_ids must be an array of integers")
     if len(tokens) > limits.max_tokens_per_event:
         raise KVEventError("oversized", f"event {i}: {len(tokens)} token ids > {limits.max_tokens_per_event}")
@@ -144,16 +144,29 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _all_ints(values: list[Any]) -> bool:
+    """Every value an integer (not a bool): msgpack gives exact ``int``s, and the types are gathered in C,
+    3-4x faster than a Python check per value (a reported hit of a long prompt carries ~10,000 ids)."""
+    return set(map(type, values)) <= {int}
+
+
 def _is_hash(value: Any) -> bool:
     return (isinstance(value, bytes) and 0 < len(value) <= MAX_HASH_BYTES) or _is_int(value)
 
 
 def _hashes(value: Any, i: int, limits: DecodeLimits) -> tuple[bytes | int, ...]:
-    if not isinstance(value, list) or not all(_is_hash(h) for h in value):
+    if not isinstance(value, list) or not _all_hashes(value):
         raise KVEventError("malformed", f"event {i}: block_hashes must be an array of bytes or integers")
     if len(value) > limits.max_blocks_per_event:
         raise KVEventError("oversized", f"event {i}: {len(value)} block hashes > {limits.max_blocks_per_event}")
     return tuple(value)
+
+
+def _all_hashes(values: list[Any]) -> bool:
+    types = set(map(type, values))
+    if types == {bytes}:
+        return min(map(len, values)) > 0 and max(map(len, values)) <= MAX_HASH_BYTES
+    return types <= {int} or all(_is_hash(h) for h in values)
 
 
 def _opt_str(fields: dict[str, Any], name: str, i: int) -> str | None:

@@ -220,3 +220,26 @@ def test_view_is_bounded_against_floods_and_repeats() -> None:
     view.apply(EventBatch(0.0, (twice, twice)))
     view.apply(EventBatch(0.0, (BlockRemoved((1,)),)))
     assert (len(view), view.matched_blocks(token_block_hashes([5] * 4, 4))) == (0, 0)
+
+
+def test_a_reported_hit_refreshes_the_chain_it_names() -> None:
+    """vLLM's "full" report mode announces a request's cached prefix again from the root: the view keeps
+    one copy of each block, refreshes its age (so the overflow drops the others first) and learns the
+    part it had not seen (a chain whose start was stored before the router subscribed)."""
+    prompt = list(range(1, 17))  # 4 blocks of 4
+    view = CacheView(max_blocks=6)
+    # Joined late: the view saw blocks 2-3 stored under a parent it lacks (skipped), and two others.
+    view.apply(EventBatch(0.0, (BlockStored((12, 13), 11, tuple(prompt[8:]), 4),)))
+    view.apply(EventBatch(0.0, (BlockStored((50, 51), None, (7,) * 8, 4),)))
+    assert view.matched_blocks(token_block_hashes(prompt, 4)) == 0
+    hit = BlockStored((10, 11, 12, 13), None, tuple(prompt), 4)
+    view.apply(EventBatch(0.0, (hit,)))
+    assert (len(view), view.matched_blocks(token_block_hashes(prompt, 4))) == (6, 4)
+    view.apply(EventBatch(0.0, (hit,)))  # reported again: still one copy of each
+    assert len(view) == 6
+    view.apply(EventBatch(0.0, (BlockStored((50, 51), None, (7,) * 8, 4), hit)))  # the prompt is the newest
+    view.apply(EventBatch(0.0, (BlockStored((60, 61), None, (9,) * 8, 4),)))  # overflow: the oldest two go
+    assert view.matched_blocks(token_block_hashes(prompt, 4)) == 4
+    assert view.matched_blocks(token_block_hashes([7] * 8, 4)) == 0
+    view.apply(EventBatch(0.0, (BlockRemoved((10, 11, 12, 13)),)))
+    assert view.matched_blocks(token_block_hashes(prompt, 4)) == 0
