@@ -8,8 +8,9 @@ one fetch in flight per model; each file bounded by ``contracts.TOKENIZER_MAX_BY
 attempt by a timeout; a failed attempt is logged with its reason, counted
 (``kvfleet_router_tokenizer_fetches_total{outcome}``) and retried on the next replica after a
 capped, jittered backoff. The files go to a private temporary folder only while ``load_tokenizer``
-reads them. Nothing here is ever raised into a request: until the tokenizer is installed, the
-model is routed by the learned index, as without one.
+reads them, one model at a time (the chart's /tmp is a small in-memory emptyDir). Nothing here is
+ever raised into a request: until the tokenizer is installed, the model is routed by the learned
+index, as without one.
 """
 
 from __future__ import annotations
@@ -101,20 +102,25 @@ async def fetch_files(session: aiohttp.ClientSession, endpoint: Endpoint, max_by
     return files
 
 
-def load_files(files: dict[str, bytes], cache_tokens: int) -> PromptTokenizer:
+def load_files(files: dict[str, bytes], cache_tokens: int, tmp_dir: str | None = None) -> PromptTokenizer:
     """Load the fetched files as ``prompt_tokens.load_tokenizer`` loads a mounted folder (blocking).
 
     Written to a private (0700) temporary folder, removed once loaded: the tokenizer holds what it
-    read, and a folder left behind would only fill the router's disk across restarts."""
+    read, and a folder left behind would only fill the router's /tmp."""
     from kvfleet.router.prompt_tokens import TokenizerUnavailableError, load_tokenizer
 
-    with tempfile.TemporaryDirectory(prefix="kvfleet-tokenizer-") as folder:
-        for name, data in files.items():
-            (Path(folder) / name).write_bytes(data)
-        try:
-            return load_tokenizer(Path(folder), cache_tokens)
-        except TokenizerUnavailableError as e:
-            raise FetchError("invalid", str(e).replace(folder, "<fetched>")) from None
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvfleet-tokenizer-", dir=tmp_dir) as folder:
+            for name, data in files.items():
+                (Path(folder) / name).write_bytes(data)
+            try:
+                return load_tokenizer(Path(folder), cache_tokens)
+            except TokenizerUnavailableError as e:
+                raise FetchError("invalid", str(e).replace(folder, "<fetched>")) from None
+    except OSError as e:  # a full or read-only temporary folder (the chart's /tmp: tmpSizeLimit)
+        size = sum(len(d) for d in files.values())
+        where = tmp_dir or tempfile.gettempdir()
+        raise FetchError("write", f"cannot write {size} bytes under {where}: {e.strerror or e}") from None
 
 
 class TokenizerFetcher:
@@ -130,15 +136,18 @@ class TokenizerFetcher:
         cache_tokens: int,
         bounds: FetchBounds | None = None,
         rng: random.Random | None = None,
+        tmp_dir: str | None = None,  # where the files are loaded from (None: the system's temporary folder)
     ) -> None:
         self._metrics = metrics
         self._install = install
         self._cache_tokens = cache_tokens
         self._bounds = bounds or FetchBounds()
         self._rng = rng or random.Random()  # noqa: S311 (jitter, no secret)
+        self._tmp_dir = tmp_dir
         self._views: dict[str, DeploymentView] = {}  # by model key: the latest view offered
         self._tasks: dict[str, asyncio.Task[None]] = {}  # at most one fetch per model
         self._session: aiohttp.ClientSession | None = None
+        self._loading = asyncio.Lock()  # one model's files in the temporary folder at a time
 
     def offer(self, view: DeploymentView) -> None:
         """The model has no tokenizer: fetch one when some replica can serve it (one fetch at a time)."""
@@ -177,12 +186,13 @@ class TokenizerFetcher:
                 endpoint = candidates[failures % len(candidates)]  # the next replica after a failure
                 try:
                     tokenizer = await self._attempt(endpoint)
-                except FetchError as e:
+                except Exception as e:  # never ends the loop: counted, logged, tried again
+                    failure = e if isinstance(e, FetchError) else FetchError("error", repr(e))
                     failures += 1
                     delay_s = retry_delay_s(failures, self._bounds, self._rng)
-                    self._metrics.tokenizer_fetches.inc((*view.labels, e.outcome))
+                    self._metrics.tokenizer_fetches.inc((*view.labels, failure.outcome))
                     where = f"tokenizer of {key} from replica {endpoint.replica_id}"
-                    log.warning("%s: %s (%s); next try in %.1fs", where, e, e.outcome, delay_s)
+                    log.warning("%s: %s (%s); next try in %.1fs", where, failure, failure.outcome, delay_s)
                     await asyncio.sleep(delay_s)
                     continue
                 view = self._views.get(key)
@@ -206,4 +216,5 @@ class TokenizerFetcher:
             raise FetchError("timeout", f"no answer within {bounds.timeout_s:g}s") from None
         except aiohttp.ClientError as e:
             raise FetchError("unreachable", f"{type(e).__name__}: {e}") from None
-        return await asyncio.to_thread(load_files, files, self._cache_tokens)
+        async with self._loading:
+            return await asyncio.to_thread(load_files, files, self._cache_tokens, self._tmp_dir)

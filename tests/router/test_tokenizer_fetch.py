@@ -23,7 +23,13 @@ from kvfleet.router.prompt import block_hashes, render_prompt
 from kvfleet.router.prompt_tokens import PromptTokenizer
 from kvfleet.router.replicas import DeploymentView, Endpoint, StaticReplicaSource
 from kvfleet.router.settings import RouterSettings
-from kvfleet.router.tokenizer_fetch import FetchBounds, TokenizerFetcher, fetch_candidates, retry_delay_s
+from kvfleet.router.tokenizer_fetch import (
+    FetchBounds,
+    TokenizerFetcher,
+    fetch_candidates,
+    launcher_url,
+    retry_delay_s,
+)
 from kvfleet.router.wake import NoWakeSignal
 from kvfleet.spec import RoutingSpec
 
@@ -168,6 +174,9 @@ def test_candidates_and_retry_delays() -> None:
             Endpoint("no-launcher", "http://10.0.0.4:8000", kv_events_port=5557),
         ]
     ) == [ok]
+    assert launcher_url(ok, "tokenizer.json") == "http://10.0.0.1:9400/tokenizer/tokenizer.json"
+    v6 = Endpoint("b", "https://[fd00::1]:8443", kv_events_port=5557, launcher_port=9400)
+    assert launcher_url(v6, "tokenizer_config.json") == "http://[fd00::1]:9400/tokenizer/tokenizer_config.json"
     bounds = FetchBounds(retry_first_s=1.0, retry_max_s=120.0)
     delays = [retry_delay_s(n, bounds, random.Random(1)) for n in (1, 2, 3, 8, 100)]
     for delay, base in zip(delays, (1, 2, 4, 120, 120), strict=True):
@@ -242,7 +251,9 @@ async def test_oversize_failing_silent_and_absent_launchers_are_counted_and_retr
         await runner.cleanup()
 
 
-async def test_a_missing_or_invalid_tokenizer_is_counted_and_a_gone_model_stops_its_fetch(tmp_path: Path) -> None:
+async def test_a_missing_invalid_or_unwritable_tokenizer_is_counted_and_a_gone_model_stops_its_fetch(
+    tmp_path: Path, tiny_model: Path
+) -> None:
     folder = tmp_path / "model"
     folder.mkdir()
     launcher = Launcher()
@@ -250,17 +261,36 @@ async def test_a_missing_or_invalid_tokenizer_is_counted_and_a_gone_model_stops_
     runner = await start_metrics_server(launcher.app, "127.0.0.1", launcher.port)
     metrics, installed = RouterMetrics(), Installed()
     bounds = FetchBounds(timeout_s=2, retry_first_s=0.01, retry_max_s=0.02)
-    fetcher = TokenizerFetcher(metrics, installed, cache_tokens=0, bounds=bounds)
+    not_a_folder = tmp_path / "tmp"  # the router's temporary folder cannot be used
+    not_a_folder.write_text("")
+    fetcher = TokenizerFetcher(metrics, installed, cache_tokens=0, bounds=bounds, tmp_dir=str(not_a_folder))
+
+    def counted(outcome: str) -> float:
+        return metrics.tokenizer_fetches.values.get(("default", "m", outcome), 0)
+
+    view = view_of(launcher.port)
     try:
-        view = view_of(launcher.port)
         fetcher.offer(view)
-        await until(lambda: metrics.tokenizer_fetches.values.get(("default", "m", "missing"), 0) >= 2, timeout_s=5)
-        (folder / "tokenizer.json").write_text("{not json")
-        await until(lambda: metrics.tokenizer_fetches.values.get(("default", "m", "invalid"), 0) >= 1, timeout_s=5)
+        await until(lambda: counted("missing") >= 2, timeout_s=5)
+        (folder / "tokenizer.json").write_bytes((tiny_model / "tokenizer.json").read_bytes())
+        await until(lambda: counted("write") >= 1, timeout_s=5)
         fetcher.forget(view.key)  # the model is gone: its fetch stops, nothing is installed
         assert not fetcher.fetching(view.key)
         await asyncio.sleep(0.1)
         assert installed.tokenizers == []
+    finally:
+        await fetcher.close()
+    # A file the tokenizers library refuses: counted, and nothing stays in the temporary folder.
+    (folder / "tokenizer.json").write_text("{not json")
+    tmp = tmp_path / "router-tmp"
+    tmp.mkdir()
+    slow = FetchBounds(timeout_s=2, retry_first_s=60, retry_max_s=60)  # no next try while the folder is checked
+    fetcher = TokenizerFetcher(metrics, installed, cache_tokens=0, bounds=slow, tmp_dir=str(tmp))
+    try:
+        fetcher.offer(view)
+        await until(lambda: counted("invalid") == 1, timeout_s=5)
+        assert list(tmp.iterdir()) == [] and installed.tokenizers == []
+        assert fetcher.fetching(view.key)  # waiting to try again: a replica may serve a good one later
     finally:
         await fetcher.close()
         await runner.cleanup()
