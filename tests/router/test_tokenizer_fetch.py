@@ -106,7 +106,7 @@ def pick(fleet: Fleet, body: dict[str, object]) -> tuple[str, list[int] | None]:
 async def test_a_fetched_tokenizer_is_installed_and_prompts_are_tokenized_from_then_on(
     tiny_model: Path, launcher: Launcher, publishers: list[Publisher]
 ) -> None:
-    fleet, _ = await make_fleet(publishers, launcher.port)
+    fleet, source = await make_fleet(publishers, launcher.port)
     try:
         text = "the same long document about routing " * 8
         ids = ModelTokenizer.from_dir(tiny_model).encode(text)
@@ -127,6 +127,16 @@ async def test_a_fetched_tokenizer_is_installed_and_prompts_are_tokenized_from_t
         assert pick(fleet, {"messages": messages})[1]
         assert fleet._tokenizers.fetcher is not None and not fleet._tokenizers.fetcher.fetching("default/m")
         assert fetches(fleet, "ok") == 1  # once: new views of the model fetch nothing more
+        # A routing change rebuilds the model's strategy: the fetched tokenizer stays with it.
+        source.set_deployment("m", routing=RoutingSpec(prefix_block_chars=16, max_queue=7))
+        assert pick(fleet, {"prompt": text}) == ("r0", token_block_hashes(ids, 4))
+        assert fetches(fleet, "ok") == 1
+        # The model goes, with its fetched tokenizer and its series; when it comes back it is fetched again.
+        source.remove_deployment("m")
+        assert fleet._tokenizers.get("m") is None
+        for i, p in enumerate(publishers):
+            source.add("m", f"r{i}", f"http://127.0.0.1:{9000 + i}", kv_events_port=p.port, launcher_port=launcher.port)
+        await until(lambda: fetches(fleet, "ok") == 1 and fleet._tokenizers.get("m") is not None, timeout_s=10)
     finally:
         await fleet.close()
 
