@@ -7,8 +7,8 @@ moto's S3 server and a real reference engine without patching anything.
 
 The rooms it walks through live beside it: the artifact steps (``artifact_steps``: restore, trust,
 the fetch-or-rebuild decision, the push), the engine process (``supervisor``), readiness
-(``readiness``), and its HTTP surface, ``/metrics``, ``/coldstart`` and ``/progress``
-(``metrics_server``).
+(``readiness``), and its HTTP surface, ``/metrics``, ``/coldstart``, ``/progress`` and
+``/tokenizer/{name}`` (``metrics_server``).
 """
 
 from __future__ import annotations
@@ -136,6 +136,10 @@ class Launcher:
         report = self.pull_progress.report()
         return {"phase": phase, "pull": report.to_doc() if report is not None else None}
 
+    def _model_dir(self) -> Path | None:
+        """The folder the engine serves, once the weights are in place (``/tokenizer/{name}``)."""
+        return self._weights.path if self._weights is not None else None
+
     async def _log_pull_progress(self) -> None:
         """Log the pull's progress while it runs (cancelled when it ends). Wakes every sample
         interval so the first line comes right after the pull starts; logs at the bounded rate."""
@@ -251,7 +255,7 @@ class Launcher:
         self._render(_DRY_RUN_MODEL, None)
         try:
             runner = await start_metrics_server(
-                make_app(self.metrics, self.report, self.progress),
+                make_app(self.metrics, self.report, self.progress, self._model_dir),
                 self.settings.metrics_host,
                 self.settings.metrics_port,
             )

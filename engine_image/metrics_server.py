@@ -1,18 +1,25 @@
-"""The launcher's small HTTP endpoint (port 9400): Prometheus metrics, the cold-start report and
-the launch's progress.
+"""The launcher's small HTTP endpoint (port 9400): Prometheus metrics, the cold-start report, the
+launch's progress and the model's tokenizer files.
 
 ``/metrics`` carries ``kvfleet_coldstart_seconds{phase}`` (phase ``total`` once every phase is
 done), whether each cache hit, and the weight pull's bytes as they move; ``/coldstart`` is the
 cold start as JSON for the operator, which copies ``totalSeconds`` into
 ``status.measuredColdStartSeconds`` (503 until it is known); ``/progress`` is a small fixed-shape
 document (the running phase, and the pull's bytes, rate and time left) that the operator reads
-while a pod is not ready, for the Progressing condition. It runs in the launcher's event loop
-beside the engine process, so it is up before the first phase starts.
+while a pod is not ready, for the Progressing condition; ``/tokenizer/{name}`` serves the model's
+``tokenizer.json`` and ``tokenizer_config.json`` (those two only, each up to
+``contracts.TOKENIZER_MAX_BYTES``; 503 until the weights are in place), so a router tokenizes
+prompts as the engine does without a mounted copy. It runs in the launcher's event loop beside the
+engine process, so it is up before the first phase starts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import stat
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvfleet.contracts import LAUNCHER_TOKENIZER_PATH, TOKENIZER_FILES, TOKENIZER_MAX_BYTES
 from kvfleet.pull_progress import PullReport
 
 from .phases import PhaseRecord
@@ -104,13 +112,57 @@ class ColdStartMetrics:
         self.cache_hit.labels(cache=cache).set(1.0 if hit else 0.0)
 
 
+class TokenizerFileError(Exception):
+    """A tokenizer file that cannot be served: the HTTP status and the reason a router logs."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+def check_tokenizer_name(name: str) -> None:
+    """Only the allowlisted names: nothing else of the model folder (weights, code) leaves the pod."""
+    if name not in TOKENIZER_FILES:
+        raise TokenizerFileError(404, f"{name!r} is not served: only {', '.join(TOKENIZER_FILES)}")
+
+
+def read_tokenizer_file(model_dir: Path, name: str, max_bytes: int) -> bytes:
+    """One allowlisted file of the model folder, whole, or :class:`TokenizerFileError` (blocking).
+
+    The size is checked on the opened file and the read stops one byte past the bound, so a file
+    swapped or grown after the check is still never sent past ``max_bytes``."""
+    check_tokenizer_name(name)
+    path = model_dir / name
+    try:
+        if not path.is_file():  # checked before opening: a FIFO there would block the open
+            raise FileNotFoundError(path)
+        with path.open("rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise FileNotFoundError(path)
+            if info.st_size > max_bytes:
+                raise TokenizerFileError(413, f"the model's {name} is {info.st_size} bytes, over {max_bytes}")
+            data = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise TokenizerFileError(404, f"the model has no {name} (as a regular file)") from None
+    except OSError as e:
+        raise TokenizerFileError(500, f"cannot read the model's {name}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise TokenizerFileError(413, f"the model's {name} grew past {max_bytes} bytes while read")
+    return data
+
+
 def make_app(
     metrics: ColdStartMetrics,
     report: Callable[[], dict[str, Any]],
     progress: Callable[[], dict[str, Any]],
+    model_dir: Callable[[], Path | None] = lambda: None,
+    *,
+    tokenizer_max_bytes: int = TOKENIZER_MAX_BYTES,
 ) -> web.Application:
     """The endpoint's routes; ``report`` builds the ``/coldstart`` document and ``progress`` the
-    ``/progress`` one, on each request."""
+    ``/progress`` one, on each request; ``model_dir`` is the folder the engine serves, None until
+    the weights are in place."""
 
     async def get_metrics(request: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
@@ -124,10 +176,24 @@ def make_app(
     async def get_progress(request: web.Request) -> web.Response:
         return web.json_response(progress())
 
+    async def get_tokenizer(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        try:
+            check_tokenizer_name(name)
+            folder = model_dir()
+            if folder is None:
+                raise TokenizerFileError(503, "the model's weights are not in place yet")
+            # A file of tens of MB: read off the event loop that also serves /metrics.
+            data = await asyncio.to_thread(read_tokenizer_file, folder, name, tokenizer_max_bytes)
+        except TokenizerFileError as e:
+            return web.json_response({"error": str(e)}, status=e.status)
+        return web.Response(body=data, content_type="application/json")
+
     app = web.Application()
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/coldstart", get_coldstart)
     app.router.add_get("/progress", get_progress)
+    app.router.add_get(LAUNCHER_TOKENIZER_PATH + "{name}", get_tokenizer)
     return app
 
 

@@ -75,6 +75,11 @@ LAUNCHER_PORT = 9400
 LAUNCHER_PORT_NAME = "launcher"
 KV_EVENTS_PORT = 5557
 KV_EVENTS_PORT_NAME = "kv-events"
+# The launcher serves these files of the model it launched at LAUNCHER_TOKENIZER_PATH + name (and no
+# others), so a router tokenizes prompts as the engine does without a mounted copy (docs/engine_image.md).
+LAUNCHER_TOKENIZER_PATH = "/tokenizer/"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_MAX_BYTES = 64 * 1024 * 1024  # a large vocabulary's tokenizer.json is ~10-30 MB
 # The events' replay socket (vLLM's replay_endpoint, a ZeroMQ ROUTER) listens on the events port + 1
 # (vLLM's own example pair, 5557/5558): a router that joins late asks it for the batches it missed.
 KV_EVENTS_REPLAY_PORT_OFFSET = 1

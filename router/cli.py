@@ -161,6 +161,11 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     help="Ask engines to announce the cached blocks each request hits (vllm_xargs kv_cache_report_mode) [default: on].",
 )
 @click.option(
+    "--kv-events-fetch-tokenizers/--no-kv-events-fetch-tokenizers",
+    default=None,
+    help="Fetch an unlisted model's tokenizer from its replicas' launcher port (Kubernetes discovery) [default: on].",
+)
+@click.option(
     "--kv-events-tokenizer",
     "kv_events_tokenizer",
     multiple=True,
@@ -191,6 +196,7 @@ def serve(
     kv_events_announced_only: bool | None,
     kv_events_replay: bool | None,
     kv_events_report_hits: bool | None,
+    kv_events_fetch_tokenizers: bool | None,
     kv_events_tokenizer: tuple[str, ...],
     peer_load_port: int | None,
     peer_load_peer: tuple[str, ...],
@@ -213,6 +219,7 @@ def serve(
             "kv_events_announced_only": kv_events_announced_only,
             "kv_events_replay": kv_events_replay,
             "kv_events_report_hits": kv_events_report_hits,
+            "kv_events_fetch_tokenizers": kv_events_fetch_tokenizers,
             "kv_events_tokenizers": parse_tokenizers(kv_events_tokenizer) or None,
             "peer_load_port": peer_load_port,
             "peer_load_peers": peer_load_peer or None,

@@ -14,13 +14,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvfleet.router.activator import HoldBudget, HoldQueue
 from kvfleet.router.engine_caches import EngineCaches
 from kvfleet.router.errors import ModelNotFoundError
 from kvfleet.router.metrics import RouterMetrics
+from kvfleet.router.model_tokenizers import ModelTokenizers
 from kvfleet.router.outlier import OutlierDetector
 from kvfleet.router.peer_load import PeerLoads
 from kvfleet.router.picking import Candidate, Pick, PickRequest, Strategy, build_strategy
@@ -80,15 +80,10 @@ class Fleet:
         metrics.track_holds(lambda: (self._holds.held, self._holds.max_held, self._holds.refused))
         self.applied = asyncio.Event()
         metrics.track_inflight(self._inflight_samples)
-        # Loaded now, so a missing tokenizer stops the router at start, not on a request.
-        self._tokenizers: dict[str, PromptTokenizer] = {}
+        # Mounted ones loaded now (a missing one stops the router at start); others fetched from replicas.
+        self._tokenizers = ModelTokenizers(settings, metrics, self._install_tokenizer)
         if settings.kv_events_port is not None:
-            from kvfleet.router.prompt_tokens import load_tokenizer
-
-            for served_name, folder in settings.kv_events_tokenizers.items():
-                self._tokenizers[served_name] = load_tokenizer(Path(folder), settings.kv_events_token_cache_tokens)
             metrics.track_kv_events(self._kv_event_samples)
-            metrics.track_token_caches(self._token_cache_samples)
 
     def _kv_event_samples(self) -> list[tuple[str, str, int, int, int]]:
         return [
@@ -96,17 +91,6 @@ class Fleet:
             for model in self._models.values()
             if model.caches is not None
         ]
-
-    def _token_cache_samples(self) -> list[tuple[str, int, int, int, int]]:
-        """(served name, hits, misses, evictions, tokens held) of each model's prompt-piece cache."""
-        from kvfleet.router.token_cache import CachedTokenizer  # loaded already: a tokenizer exists
-
-        samples = []
-        for served_name, tokenizer in self._tokenizers.items():
-            if isinstance(tokenizer, CachedTokenizer) and tokenizer.pieces.enabled:
-                st = tokenizer.pieces.stats
-                samples.append((served_name, st.hits, st.misses, st.evictions, st.tokens))
-        return samples
 
     def _inflight_samples(self) -> list[tuple[str, str, str, int, int]]:
         return [
@@ -134,6 +118,7 @@ class Fleet:
             for replica_id in list(gone.subscriptions):
                 self._unsubscribe(gone, replica_id)
             gone.queue.release_all()  # waiters look again and find the model gone: 404
+            self._tokenizers.forget(gone.view)
             self._metrics.forget_model(gone.view.labels)
         self._served = served
         for key, view in wanted.items():
@@ -173,6 +158,7 @@ class Fleet:
                 model.queue.max_waiting = view.routing.max_queue
             model.view = view
             self._apply_endpoints(model, view.endpoints)
+            self._tokenizers.offer(view)  # fetched from a replica where none is mounted (tokenizer_fetch.py)
             if any(not r.endpoint.draining for r in model.replicas.values()):
                 model.queue.release_all()
         self.applied.set()
@@ -199,6 +185,13 @@ class Fleet:
             if model.caches is not None and replica_id not in model.subscriptions and self._publishes(endpoint):
                 self._subscribe(model, endpoint)
         model.index.retain(wanted)
+
+    def _install_tokenizer(self, key: str, tokenizer: PromptTokenizer) -> bool:
+        """A fetched tokenizer: the model's prompts are tokenized from the next request on."""
+        model = self._models.get(key)
+        if model is not None:
+            model.strategy.prefix.use_tokenizer(tokenizer)
+        return model is not None
 
     def _publishes(self, endpoint: Endpoint) -> bool:
         """Whether to subscribe to the replica: it names its events port, or every replica is tried."""
@@ -389,4 +382,5 @@ class Fleet:
             for replica_id in list(model.subscriptions):
                 self._unsubscribe(model, replica_id)
         await asyncio.gather(*self._stopping, return_exceptions=True)
+        await self._tokenizers.close()
         await self._waker.close()

@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from kvfleet.contracts import DEPLOYMENT_LABEL, ENGINE_HTTP_PORT_NAME, KV_EVENTS_PORT_NAME
+from kvfleet.contracts import DEPLOYMENT_LABEL, ENGINE_HTTP_PORT_NAME, KV_EVENTS_PORT_NAME, LAUNCHER_PORT_NAME
 from kvfleet.kube import KubeClient, Ref
 from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS
@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 ENDPOINT_SLICES = Ref("discovery.k8s.io/v1", "endpointslices")
 
 # The operator labels each engine Service with DEPLOYMENT_LABEL (EndpointSlices inherit it) and names
-# its ports ENGINE_HTTP_PORT_NAME and, only where the engines publish events, KV_EVENTS_PORT_NAME.
+# its ports ENGINE_HTTP_PORT_NAME, LAUNCHER_PORT_NAME and, only where the engines publish events,
+# KV_EVENTS_PORT_NAME.
 PORT_NAME = ENGINE_HTTP_PORT_NAME
 
 
@@ -48,18 +49,22 @@ def _key(obj: Mapping[str, Any]) -> ObjectKey:
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
 
 
+def _named_port(ports: list[Any], name: str) -> int | None:
+    port = next((p.get("port") for p in ports if isinstance(p, Mapping) and p.get("name") == name), None)
+    return port if isinstance(port, int) and not isinstance(port, bool) else None
+
+
 def slice_endpoints(slice_obj: Mapping[str, Any]) -> list[Endpoint]:
     """The routable replicas in one EndpointSlice: ready ones, and serving-but-terminating ones as draining,
-    each with the slice's ``kv-events`` port where its engines publish KV-cache events."""
+    each with the slice's ``kv-events`` port where its engines publish KV-cache events and its
+    ``launcher`` port (where the router fetches the model's tokenizer files)."""
     ports = slice_obj.get("ports") or []
     port = next((p.get("port") for p in ports if p.get("name") == PORT_NAME), None)
     if port is None and ports:
         port = ports[0].get("port")
     if not isinstance(port, int):
         return []
-    events_port = next((p.get("port") for p in ports if p.get("name") == KV_EVENTS_PORT_NAME), None)
-    if not isinstance(events_port, int) or isinstance(events_port, bool):
-        events_port = None
+    events_port, launcher_port = (_named_port(ports, name) for name in (KV_EVENTS_PORT_NAME, LAUNCHER_PORT_NAME))
     endpoints: list[Endpoint] = []
     for ep in slice_obj.get("endpoints") or []:
         addresses = ep.get("addresses") or []
@@ -80,7 +85,13 @@ def slice_endpoints(slice_obj: Mapping[str, Any]) -> list[Endpoint]:
         replica_id = str(target.get("name") or address)
         try:
             endpoints.append(
-                Endpoint(replica_id, f"http://{host}:{port}", draining=terminating, kv_events_port=events_port)
+                Endpoint(
+                    replica_id,
+                    f"http://{host}:{port}",
+                    draining=terminating,
+                    kv_events_port=events_port,
+                    launcher_port=launcher_port,
+                )
             )
         except ValueError as e:
             log.warning("skipping endpoint %s in slice %s: %s", address, _key(slice_obj), e)

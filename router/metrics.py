@@ -172,7 +172,15 @@ class RouterMetrics:
             "malformed, too-many, socket.",
             ["namespace", "model", "outcome"],
         )
+        self.tokenizer_fetches = CounterSeries(
+            "kvfleet_router_tokenizer_fetches",
+            "Fetches of a model's tokenizer from a replica's launcher, by outcome: ok, unreachable, timeout, "
+            "status (an HTTP refusal), oversize, missing (no tokenizer.json), invalid (would not load), write (the "
+            "router's temporary folder refused the files), error.",
+            ["namespace", "model", "outcome"],
+        )
         self._series: list[CounterSeries | HistogramSeries] = [
+            self.tokenizer_fetches,
             self.kv_event_batches,
             self.kv_event_replays,
             self.kv_event_rejects,

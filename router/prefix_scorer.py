@@ -54,6 +54,11 @@ class PrefixScorer:
             render_prompt(body), model=self.model, block_chars=self.block_chars, max_blocks=self.max_blocks
         )
 
+    def use_tokenizer(self, tokenizer: PromptTokenizer) -> None:
+        """Tokenize prompts from now on: a tokenizer that came after the model (``tokenizer_fetch``).
+        Prompts hashed before keep what they have; each job reads the tokenizer once."""
+        self.tokenizer = tokenizer
+
     def engine_blocks_job(self, body: Mapping[str, Any], hashes: Sequence[int]) -> Callable[[], None] | None:
         """The work of tokenizing the prompt into the engines' blocks, or None when nothing would read them
         (no tokenizer for the model, no usable event view).

@@ -28,6 +28,9 @@ class Endpoint:
     # Where its KV-cache events are published, when not the router's kv_events_port (several engines
     # on one host, as in local mode and tests).
     kv_events_port: int | None = None
+    # Its launcher's port (Kubernetes: the EndpointSlice's launcher port), where the model's tokenizer
+    # files are fetched from (tokenizer_fetch.py). None: unknown (static and local replicas).
+    launcher_port: int | None = None
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -37,8 +40,10 @@ class Endpoint:
             raise ValueError(f"replica {self.replica_id!r}: url must have no path or query, got {self.url!r}")
         if not self.replica_id or len(self.replica_id) > 253:
             raise ValueError("replica_id must be 1-253 characters")
-        if self.kv_events_port is not None and not 1 <= self.kv_events_port <= 65_535:
-            raise ValueError(f"replica {self.replica_id!r}: kv_events_port must be in [1, 65535]")
+        for port in ("kv_events_port", "launcher_port"):
+            value = getattr(self, port)
+            if value is not None and not 1 <= value <= 65_535:
+                raise ValueError(f"replica {self.replica_id!r}: {port} must be in [1, 65535]")
 
 
 @dataclass(frozen=True)
@@ -171,9 +176,16 @@ class StaticReplicaSource:
         *,
         kv_capacity_blocks: int | None = None,
         kv_events_port: int | None = None,
+        launcher_port: int | None = None,
     ) -> None:
         """Add a ready replica (declaring the deployment with default routing if it is new)."""
-        endpoint = Endpoint(replica_id, url, kv_capacity_blocks=kv_capacity_blocks, kv_events_port=kv_events_port)
+        endpoint = Endpoint(
+            replica_id,
+            url,
+            kv_capacity_blocks=kv_capacity_blocks,
+            kv_events_port=kv_events_port,
+            launcher_port=launcher_port,
+        )
         deployment = self._deployments.get(served_name)
         if deployment is None:
             deployment = DeploymentView(served_name, "default", served_name, RoutingSpec())

@@ -260,6 +260,9 @@ class RouterSettings(BaseModel):
             "learned index even when its replicas publish events."
         ),
     )
+    kv_events_fetch_tokenizers: bool = Field(
+        default=True, description="Fetch an unlisted model's tokenizer from a replica's launcher (docs/router.md)."
+    )
     kv_events_inline_tokenize_bytes: int = Field(
         default=4096,
         ge=0,

@@ -64,7 +64,7 @@ def build_settings(component: str, params: dict[str, Any]) -> object:
     if component == "router":
         assert params["kubernetes"] and not params["replicas"], "the chart's router discovers replicas in Kubernetes"
         keys = ("host", "port", "placement", "load_bound_slack_requests", "max_held_requests")
-        keys += ("kv_events_port", "kv_events_announced_only")
+        keys += ("kv_events_port", "kv_events_announced_only", "kv_events_fetch_tokenizers")
         overrides = {k: params[k] for k in keys}
         overrides["client_namespace_header"] = params["client_namespace_header"]
         overrides["shared_namespaces"] = params["shared_namespaces"] or None
@@ -153,6 +153,9 @@ def test_router_client_scoping_values_reach_its_settings() -> None:
     _, params, _ = parse(default["spec"]["template"]["spec"]["containers"][0]["args"])
     off = build_settings("router", params)
     assert isinstance(off, RouterSettings) and off.client_namespace_header is None and off.shared_namespaces == ()
+    # KV events on by default, with tokenizers fetched from the engines (nothing mounted).
+    assert off.kv_events_port == 5557 and off.kv_events_announced_only and off.kv_events_fetch_tokenizers
+    assert off.kv_events_tokenizers == {}
 
 
 def test_shared_namespaces_without_the_header_fail_the_install() -> None:
@@ -175,3 +178,9 @@ def test_ha_routers_subscribe_to_kv_events_with_their_tokenizers(render_ci: Rend
         "llama-3.1-8b": "/var/lib/kvfleet/tokenizers/0/llama-3.1-8b",
         "qwen2.5-7b": "/var/lib/kvfleet/tokenizers/1/qwen2.5-7b",
     }
+    assert settings.kv_events_fetch_tokenizers  # other models: fetched; the listed ones are mounted and win
+    docs = render({"router": {"kvEvents": {"fetchTokenizers": False}}})
+    router = next(d for d in objects(docs) if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
+    _, params, _ = parse(router["spec"]["template"]["spec"]["containers"][0]["args"])
+    off = build_settings("router", params)
+    assert isinstance(off, RouterSettings) and off.kv_events_port == 5557 and not off.kv_events_fetch_tokenizers

@@ -206,7 +206,7 @@ def router_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(router["spec"]["template"]["spec"])
 
 
-def test_router_subscribes_to_kv_events_for_models_with_a_mounted_tokenizer() -> None:
+def test_router_subscribes_to_kv_events_and_mounts_the_listed_tokenizers() -> None:
     tokenizers = [
         {
             "model": "llama",
@@ -232,11 +232,17 @@ def test_router_subscribes_to_kv_events_for_models_with_a_mounted_tokenizer() ->
         "mountPath": "/var/lib/kvfleet/tokenizers/1",
         "readOnly": True,
     }
-    # Without tokenizers (the default) or with events off, nothing is subscribed to.
-    for values in ({}, {"router": {"kvEvents": {"enabled": False, "tokenizers": tokenizers}}}):
-        pod = router_pod(objects(render(values)))
-        assert not [a for a in pod["containers"][0]["args"] if a.startswith("--kv-events")]
-        assert not [v for v in pod["volumes"] if v["name"].startswith("tokenizer-")]
+    assert "--no-kv-events-fetch-tokenizers" not in args  # unlisted models: fetched from their engines
+    # The default (no tokenizers listed) subscribes too: tokenizers are fetched from the engines' launchers.
+    args = router_pod(objects(render({})))["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--kv-events")] == ["--kv-events-port=5557", "--kv-events-announced-only"]
+    # Fetching off: only the listed models are tokenized.
+    pod = router_pod(objects(render({"router": {"kvEvents": {"fetchTokenizers": False, "tokenizers": tokenizers}}})))
+    assert "--no-kv-events-fetch-tokenizers" in pod["containers"][0]["args"]
+    # With events off, nothing is subscribed to, fetched or mounted.
+    pod = router_pod(objects(render({"router": {"kvEvents": {"enabled": False, "tokenizers": tokenizers}}})))
+    assert not [a for a in pod["containers"][0]["args"] if a.startswith(("--kv-events", "--no-kv-events"))]
+    assert not [v for v in pod["volumes"] if v["name"].startswith("tokenizer-")]
 
 
 def test_routers_exchange_load_through_a_headless_service_with_a_key_of_their_own() -> None:

@@ -121,7 +121,9 @@ def test_engines_take_traffic_from_routers_prometheus_and_the_operator_only() ->
         assert policy["spec"]["policyTypes"] == ["Ingress"]
         allowed = peers(policy)
         assert sorted(component(p) for p in allowed["http"]) == ["prometheus", "router"]
-        assert sorted(component(p) for p in allowed["launcher"]) == ["operator", "prometheus"]
+        # The launcher: /coldstart for the operator, /metrics for Prometheus, /tokenizer/{name} for the
+        # routers (they fetch tokenizers for KV events; router.kvEvents.fetchTokenizers).
+        assert sorted(component(p) for p in allowed["launcher"]) == ["operator", "prometheus", "router"]
         # The KV-cache events carry prompts' token ids: routers only.
         assert [component(p) for p in allowed["kv-events"]] == ["router"]
         assert [component(p) for p in allowed["kv-replay"]] == ["router"], "the events' replay socket, the same"
@@ -136,6 +138,16 @@ def test_the_events_port_stays_closed_when_kv_events_are_off() -> None:
         d for d in docs_of(values) if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-engines")
     ]
     assert "kv-events" not in peers(policy) and "kv-replay" not in peers(policy)
+    assert sorted(component(p) for p in peers(policy)["launcher"]) == ["operator", "prometheus"]
+
+
+def test_the_launcher_port_is_closed_to_routers_that_fetch_no_tokenizers() -> None:
+    values = {"networkPolicy": {"engineNamespaces": ["team-a"]}, "router": {"kvEvents": {"fetchTokenizers": False}}}
+    (policy,) = [
+        d for d in docs_of(values) if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-engines")
+    ]
+    assert [component(p) for p in peers(policy)["kv-events"]] == ["router"]
+    assert sorted(component(p) for p in peers(policy)["launcher"]) == ["operator", "prometheus"]
 
 
 def test_the_wake_port_takes_routers_and_prometheus_only() -> None:

@@ -87,6 +87,9 @@ def test_kv_events_flags_become_settings() -> None:
     assert settings.kv_events_tokenizers == {"llama": "/var/lib/kvfleet/tokenizers/llama", "qwen": "/t/q"}
     assert settings.kv_events_replay, "the engines' replay sockets are asked unless turned off"
     assert not load_settings(None, {"kv_events_port": 5557, "kv_events_replay": False}).kv_events_replay
+    assert settings.kv_events_fetch_tokenizers, "unlisted models' tokenizers are fetched unless turned off"
+    off = load_settings(None, {"kv_events_port": 5557, "kv_events_fetch_tokenizers": False})
+    assert not off.kv_events_fetch_tokenizers
     with pytest.raises(click.BadParameter, match="expected MODEL=DIR"):
         parse_tokenizers(("llama",))
     with pytest.raises(click.BadParameter, match="'llama' is given twice"):

@@ -342,3 +342,27 @@ def test_a_slices_kv_events_port_reaches_its_endpoints() -> None:
     odd = endpoint_slice("s3", "llama", [endpoint("p0", "10.0.0.1")])
     odd["ports"] = [{"name": "http", "port": 8000}, {"name": "kv-events", "port": None}]
     assert [e.kv_events_port for e in slice_endpoints(odd)] == [None]
+
+
+def test_a_slices_launcher_port_reaches_its_endpoints() -> None:
+    # The operator names the launcher's port launcher (operator/pod.py engine_ports): the router fetches
+    # the model's tokenizer files there (router/tokenizer_fetch.py).
+    named = endpoint_slice("s1", "llama", [endpoint("p0", "10.0.0.1"), endpoint("p1", "fd00::1")])
+    named["ports"] = [
+        {"name": "http", "port": 8000, "protocol": "TCP"},
+        {"name": "launcher", "port": 9400, "protocol": "TCP"},
+        {"name": "kv-events", "port": 5557, "protocol": "TCP"},
+    ]
+    assert [(e.url, e.kv_events_port, e.launcher_port) for e in slice_endpoints(named)] == [
+        ("http://10.0.0.1:8000", 5557, 9400),
+        ("http://[fd00::1]:8000", 5557, 9400),
+    ]
+    # Unnamed, unset or not a number: no launcher port known, so nothing is fetched from it.
+    for ports in (
+        [{"name": "http", "port": 8000}],
+        [{"name": "http", "port": 8000}, {"name": "launcher", "port": None}],
+        [{"name": "http", "port": 8000}, {"name": "launcher", "port": True}],
+    ):
+        odd = endpoint_slice("s2", "llama", [endpoint("p0", "10.0.0.1")])
+        odd["ports"] = ports
+        assert [e.launcher_port for e in slice_endpoints(odd)] == [None], ports
