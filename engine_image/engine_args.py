@@ -119,6 +119,11 @@ def kv_events_config(port: int, host: str = "*") -> str:
 def _kv_events_args(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> tuple[list[str], list[str]]:
     """``--kv-events-config`` when the spec publishes events, unless extraArgs gives its own (argv, notes)."""
     if not spec.publishes_kv_events:
+        if spec.routing.kv_events.enabled and spec.engine.data_parallel_size > 1:
+            return [], [
+                f"engine.extraArgs sets --data-parallel-size {spec.engine.data_parallel_size}: KV-cache events "
+                "are not published (vLLM offsets each rank's event ports; routers read one per pod)"
+            ]
         return [], []
     if _flag_given(spec.engine.extra_args, "--kv-events-config"):
         return [], [

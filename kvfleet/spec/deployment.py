@@ -82,11 +82,14 @@ class InferenceDeploymentSpec(ApiModel):
     @property
     def publishes_kv_events(self) -> bool:
         """Whether the engine publishes KV-cache events: asked for, an engine with vLLM's publisher
-        (vllm, reference), and a prefix cache to report on."""
+        (vllm, reference), a prefix cache to report on, and one data-parallel rank per pod (vLLM
+        publishes rank r's events on the port + r, and its replay on the replay port + r: rank 1 would
+        take rank 0's replay port, and a router reads one events port per pod)."""
         return (
             self.routing.kv_events.enabled
             and self.engine.kind in ("vllm", "reference")
             and self.engine.enable_prefix_caching
+            and self.engine.data_parallel_size == 1
         )
 
     def fixed_replicas(self) -> int:

@@ -124,6 +124,19 @@ class EngineSpec(ApiModel):
                 raise ValueError(f"{flag} is set by kvfleet from the spec; use the matching engine field instead")
         return value
 
+    @property
+    def data_parallel_size(self) -> int:
+        """vLLM's ``--data-parallel-size``/``-dp`` given in extraArgs (1 when absent or not a number)."""
+        args = self.extra_args
+        for i, arg in enumerate(args):
+            flag, eq, value = arg.partition("=")
+            if flag not in ("--data-parallel-size", "-dp"):
+                continue
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            return int(value) if value.isdigit() else 1
+        return 1
+
 
 class ResourcesSpec(ApiModel):
     """Per-replica resources."""

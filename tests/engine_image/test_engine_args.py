@@ -272,3 +272,16 @@ def test_launcher_ports_are_distinct_and_the_events_port_reaches_the_engine() ->
         LauncherSettings(kv_events_port=65535)
     with pytest.raises(ValueError, match="kv_events_port"):
         LauncherSettings(kv_events_port=0)
+
+
+@pytest.mark.parametrize("dp", [["--data-parallel-size", "2"], ["--data-parallel-size=4"], ["-dp", "2"]])
+def test_data_parallel_engines_publish_no_events_and_say_why(dp: list[str]) -> None:
+    """vLLM offsets each data-parallel rank's events and replay ports by the rank: rank 1 would take rank 0's
+    replay port and a router reads one events port per pod, so such a pod publishes none (and names none)."""
+    spec = spec_with("vllm", extraArgs=dp)
+    assert spec.engine.data_parallel_size > 1 and not spec.publishes_kv_events
+    command = render_engine_command(spec, inputs())
+    assert "--kv-events-config" not in command.argv
+    assert any("--data-parallel-size" in note and "not published" in note for note in command.notes)
+    one = spec_with("vllm", extraArgs=["--data-parallel-size", "1"])
+    assert one.engine.data_parallel_size == 1 and one.publishes_kv_events
