@@ -79,6 +79,8 @@ class Fleet:
         self._holds = HoldBudget(settings.max_held_requests)
         metrics.track_holds(lambda: (self._holds.held, self._holds.max_held, self._holds.refused))
         self.applied = asyncio.Event()
+        # Set whenever a replica's in-flight or waiting count moves: the peer link sends only then.
+        self.load_changed = asyncio.Event()
         metrics.track_inflight(self._inflight_samples)
         # Mounted ones loaded now (a missing one stops the router at start); others fetched from replicas.
         self._tokenizers = ModelTokenizers(settings, metrics, self._install_tokenizer)
@@ -349,12 +351,15 @@ class Fleet:
         model.strategy.learn(pick, request)  # learn only after the pick
         replica.inflight += 1
         replica.waiting += 1
+        self.load_changed.set()
         self._metrics.prefix_match.observe(model.view.labels, pick.match_ratio)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("pick %s", pick.reason)
-        return ReplicaLease(model.view.key, pick.replica_id, replica.endpoint.url, pick, replica, self._release)
+        url, changed = replica.endpoint.url, self.load_changed.set
+        return ReplicaLease(model.view.key, pick.replica_id, url, pick, replica, self._release, changed)
 
     def _release(self, lease: ReplicaLease, outcome: str) -> None:
+        self.load_changed.set()
         if outcome == "ok":
             self._outliers.record_success(lease.replica_id)
         elif outcome == "failed":

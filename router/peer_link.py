@@ -5,8 +5,10 @@ steers picks, so an unsigned or wrongly signed one is dropped and counted). Ever
 ``peer_load_send_interval_s`` (1 ms) the link compares each model's counts with what it last sent and
 sends the replicas that changed: the simulator measured that the counts must arrive within ~1 ms
 (docs/router.md, "The fleet's load"), and one look per interval batches a burst of picks into one
-datagram. Every ``peer_load_full_interval_s`` it sends every count, so a lost datagram is corrected
-and silence means the router is gone (``peer_load_max_age_s``).
+datagram. Between looks it sleeps until the fleet says a count moved (``Fleet.load_changed``) or a
+full send is due: an idle router wakes a few times a second, not 1,000 (3.5% of a core, measured).
+Every ``peer_load_full_interval_s`` it sends every count, so a lost datagram is corrected and
+silence means the router is gone (``peer_load_max_age_s``).
 
 A datagram: 32 bytes of HMAC over the rest, then JSON ``{"peer", "seq", "model", "counts": [[replica,
 in flight, waiting], ...], "full"}``; at most ``MAX_REPLICAS_PER_DATAGRAM`` replicas each (a model
@@ -105,6 +107,7 @@ class PeerLink(asyncio.DatagramProtocol):
         self._transport: asyncio.DatagramTransport | None = None
         self._task: asyncio.Task[None] | None = None
         self.received: Counter[str] = Counter()  # what each datagram came to (PeerLoads.apply's, or why refused)
+        self.looks = 0  # times the send loop woke to compare counts (an idle router: a few per second)
         self.port = 0
 
     async def start(self) -> None:
@@ -142,6 +145,7 @@ class PeerLink(asyncio.DatagramProtocol):
     async def _send_loop(self) -> None:
         full_at = resolve_at = 0.0
         while True:
+            self.looks += 1
             now = self._clock()
             if now >= resolve_at:
                 resolve_at = now + RESOLVE_EVERY_S
@@ -153,7 +157,19 @@ class PeerLink(asyncio.DatagramProtocol):
                 self.send(full)
             except OSError as e:  # a peer unreachable now: the next look sends again
                 log.debug("peer load: send failed: %s", e)
+            # At most one look per interval (a burst of picks is one datagram); then sleep until a count
+            # moves or the next full send is due, so an idle router does not wake 1,000 times a second.
             await asyncio.sleep(self._settings.peer_load_send_interval_s)
+            changed = self._fleet.load_changed
+            if not changed.is_set():
+                idle_s = min(full_at, resolve_at) - self._clock()
+                if idle_s > 0:
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
+                    # lands as the event is set, and close() would then wait on this loop forever.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(idle_s):
+                            await changed.wait()
+            changed.clear()
 
     def send(self, full: bool) -> None:
         """Send each model's counts that changed since the last send (``full``: all of them)."""

@@ -38,7 +38,17 @@ class ReplicaLease:
     same id is a new record, and requests sent to the old process never touch the new one's counts.
     """
 
-    __slots__ = ("_awaiting", "_on_release", "_released", "_replica", "model", "pick", "replica_id", "url")
+    __slots__ = (
+        "_awaiting",
+        "_on_change",
+        "_on_release",
+        "_released",
+        "_replica",
+        "model",
+        "pick",
+        "replica_id",
+        "url",
+    )
 
     def __init__(
         self,
@@ -48,6 +58,7 @@ class ReplicaLease:
         pick: Pick,
         replica: ReplicaLoad,
         on_release: Callable[[ReplicaLease, str], None],
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.model = model
         self.replica_id = replica_id
@@ -55,6 +66,7 @@ class ReplicaLease:
         self.pick = pick
         self._replica = replica
         self._on_release = on_release  # the fleet's outlier detection hears every outcome
+        self._on_change = on_change  # the replica's counts moved (the peer link sends them)
         self._released = False
         self._awaiting = True
 
@@ -74,6 +86,8 @@ class ReplicaLease:
         if self._awaiting:
             self._awaiting = False
             self._replica.waiting -= 1
+            if self._on_change is not None:
+                self._on_change()
 
     def release(self, outcome: str) -> None:
         """``ok``: the replica answered; ``failed``: it failed before the first byte; ``aborted``: neither."""
