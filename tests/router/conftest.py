@@ -140,3 +140,18 @@ async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(0.01)
+
+
+def route_as_the_proxy(fleet: Any, body: dict[str, object], model: str = "m") -> tuple[str, list[int] | None]:
+    """Route ``body`` as the proxy does (text blocks, the tokenizing job, a lease released at once): the
+    replica picked and the engine blocks the prompt was tokenized into (None: not tokenized)."""
+    from kvfleet.router.prompt import block_hashes, render_prompt
+
+    hashes = block_hashes(render_prompt(body), model=model, block_chars=16, max_blocks=1000)
+    tokenize = fleet.engine_blocks_job(model, dict(body), hashes)
+    if tokenize is not None:
+        tokenize()
+    lease = fleet.try_acquire(model, hashes)
+    assert lease is not None
+    lease.release("ok")
+    return lease.replica_id, hashes.engine_blocks

@@ -18,14 +18,13 @@ from kvfleet.engine.tokenizer import ModelTokenizer
 from kvfleet.router.fleet import Fleet
 from kvfleet.router.kv_events import token_block_hashes
 from kvfleet.router.metrics import RouterMetrics
-from kvfleet.router.prompt import block_hashes, render_prompt
 from kvfleet.router.prompt_tokens import prompt_token_ids
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import NoWakeSignal
 from kvfleet.spec import RoutingSpec
 
-from .conftest import pick_free_port, until
+from .conftest import pick_free_port, route_as_the_proxy, until
 
 
 class Publisher:
@@ -129,14 +128,7 @@ def held(fleet: Fleet, replica: str, tokens: list[int]) -> int:
 
 
 def pick(fleet: Fleet, body: dict[str, object]) -> str:
-    hashes = block_hashes(render_prompt(body), model="m", block_chars=16, max_blocks=1000)
-    tokenize = fleet.engine_blocks_job("m", dict(body), hashes)
-    if tokenize is not None:
-        tokenize()
-    lease = fleet.try_acquire("m", hashes)
-    assert lease is not None
-    lease.release("ok")
-    return lease.replica_id
+    return route_as_the_proxy(fleet, body)[0]
 
 
 async def test_picks_follow_what_engines_report(tiny_model: Path, publishers: list[Publisher]) -> None:

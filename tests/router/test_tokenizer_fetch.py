@@ -19,7 +19,6 @@ from kvfleet.engine_image.metrics_server import ColdStartMetrics, make_app, star
 from kvfleet.router.fleet import Fleet
 from kvfleet.router.kv_events import token_block_hashes
 from kvfleet.router.metrics import RouterMetrics
-from kvfleet.router.prompt import block_hashes, render_prompt
 from kvfleet.router.prompt_tokens import PromptTokenizer
 from kvfleet.router.replicas import DeploymentView, Endpoint, StaticReplicaSource
 from kvfleet.router.settings import RouterSettings
@@ -33,7 +32,7 @@ from kvfleet.router.tokenizer_fetch import (
 from kvfleet.router.wake import NoWakeSignal
 from kvfleet.spec import RoutingSpec
 
-from .conftest import pick_free_port, until
+from .conftest import pick_free_port, route_as_the_proxy, until
 from .test_kv_subscription import Publisher, publish_until_usable
 
 
@@ -93,14 +92,7 @@ async def make_fleet(
 
 def pick(fleet: Fleet, body: dict[str, object]) -> tuple[str, list[int] | None]:
     """Route ``body`` as the proxy does; the replica and the engine blocks it was tokenized into."""
-    hashes = block_hashes(render_prompt(body), model="m", block_chars=16, max_blocks=1000)
-    tokenize = fleet.engine_blocks_job("m", dict(body), hashes)
-    if tokenize is not None:
-        tokenize()
-    lease = fleet.try_acquire("m", hashes)
-    assert lease is not None
-    lease.release("ok")
-    return lease.replica_id, hashes.engine_blocks
+    return route_as_the_proxy(fleet, body)
 
 
 async def test_a_fetched_tokenizer_is_installed_and_prompts_are_tokenized_from_then_on(
