@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 
 import zmq
+
+from kvfleet.token_bucket import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,7 @@ class ReplayServer:
         self.endpoint: str = str(self._socket.getsockopt_string(zmq.LAST_ENDPOINT)) or endpoint
         self.served = 0
         self.refused = 0
-        self._tokens = REPLAY_BURST
-        self._at = time.monotonic()
+        self._bucket = TokenBucket(REPLAYS_PER_S, REPLAY_BURST)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kv-events-replay", daemon=True)
         self._thread.start()
@@ -103,7 +103,7 @@ class ReplayServer:
             self.refused += 1
             return
         client, start = frames[0], int.from_bytes(frames[2], "big", signed=True)
-        if self._take():
+        if self._bucket.take():
             for seq, payload in self._buffer.since(max(start, 0)):
                 if not self._send((client, b"", self._topic, seq.to_bytes(8, "big"), payload)):
                     break  # the client's pipe is full: it sees the gap
@@ -118,12 +118,3 @@ class ReplayServer:
         except zmq.ZMQError:  # EAGAIN: the client's pipe is full; EHOSTUNREACH: it is gone
             return False
         return True
-
-    def _take(self) -> bool:
-        now = time.monotonic()
-        self._tokens = min(REPLAY_BURST, self._tokens + (now - self._at) * REPLAYS_PER_S)
-        self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -43,6 +43,7 @@ from kvfleet.router.kv_events import DecodeLimits, KVEventError, decode_batch, d
 from kvfleet.router.kv_replay import ReplayLimits, ReplayOutcome, replay
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.settings import RouterSettings
+from kvfleet.token_bucket import TokenBucket
 
 if TYPE_CHECKING:
     from kvfleet.router.engine_caches import EngineCaches
@@ -56,25 +57,6 @@ LOG_EVERY_S = 10.0  # one warning per subscription and reason at most this often
 REPLAY_INTERVAL_S = 5.0
 GAP_REPLAY_MAX_BATCHES = 1_000  # a wider gap is left: the view goes partial, as without replay
 YIELD_EVERY_BATCHES = 64  # a long replay lets the event loop serve requests between its batches
-
-
-class TokenBucket:
-    """``rate`` per second, bursts up to ``rate``."""
-
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self._clock = clock
-        self._tokens = rate
-        self._at = clock()
-
-    def take(self) -> bool:
-        now = self._clock()
-        self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
 
 
 class EventSubscription:

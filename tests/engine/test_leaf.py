@@ -12,7 +12,9 @@ import kvfleet.engine
 ENGINE_DIR = Path(kvfleet.engine.__file__).parent
 # Names and wire shapes the engine shares with the router and the autoscaler (metric names, OpenAI's
 # error bodies): data, no behaviour, no kvfleet imports.
-SHARED_CONTRACTS = frozenset({"kvfleet.client_connections", "kvfleet.contracts", "kvfleet.openai_shape"})
+SHARED_CONTRACTS = frozenset(
+    {"kvfleet.client_connections", "kvfleet.contracts", "kvfleet.openai_shape", "kvfleet.token_bucket"}
+)
 DYNAMIC_IMPORTS = frozenset({"import_module", "__import__"})
 
 
