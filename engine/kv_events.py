@@ -71,18 +71,14 @@ class KVEventsConfig:
             raise ValueError("kv_events_config.enable_kv_cache_events: must be true or false")
         if self.publisher not in (None, "zmq", "null"):
             raise ValueError(f"kv_events_config.publisher: must be 'zmq' or 'null', got {self.publisher!r}")
-        if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(
-                f"kv_events_config.endpoint: must be a tcp://, ipc:// or inproc:// address, got {self.endpoint!r}"
-            )
-        if self.replay_endpoint is not None and (
-            not isinstance(self.replay_endpoint, str)
-            or not self.replay_endpoint.startswith(("tcp://", "ipc://", "inproc://"))
-        ):
-            raise ValueError(
-                "kv_events_config.replay_endpoint: must be a tcp://, ipc:// or inproc:// address, "
-                f"got {self.replay_endpoint!r}"
-            )
+        addresses = {"endpoint": self.endpoint}
+        if self.replay_endpoint is not None:
+            addresses["replay_endpoint"] = self.replay_endpoint
+        for name, address in addresses.items():
+            if not isinstance(address, str) or not address.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(
+                    f"kv_events_config.{name}: must be a tcp://, ipc:// or inproc:// address, got {address!r}"
+                )
         if self.replay_endpoint is not None and self.replay_endpoint == self.endpoint:
             raise ValueError("kv_events_config.replay_endpoint: must differ from endpoint")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
@@ -159,13 +155,9 @@ class ZmqEventPublisher:
         self.sent_batches = 0
         self.dropped_batches = 0
         self.replay: ReplayServer | None = None
-        self._replay_buffer: ReplayBuffer | None = None
         if config.replay_endpoint is not None:
-            self._replay_buffer = ReplayBuffer(config.buffer_steps)
             try:
-                self.replay = ReplayServer(
-                    config.replay_endpoint, self._replay_buffer, self._topic, buffer_steps=config.buffer_steps
-                )
+                self.replay = ReplayServer(config.replay_endpoint, ReplayBuffer(config.buffer_steps), self._topic)
             except ValueError:
                 self._socket.close(0)
                 raise
@@ -176,8 +168,8 @@ class ZmqEventPublisher:
         payload = msgpack.packb([self._clock(), events, 0], use_bin_type=True)
         seq = self._seq
         self._seq += 1  # a dropped batch still takes its number: subscribers see the gap
-        if self._replay_buffer is not None:
-            self._replay_buffer.append(seq, payload)  # kept even if the PUB drops it: a replay brings it back
+        if self.replay is not None:
+            self.replay.buffer.append(seq, payload)  # kept even if the PUB drops it: a replay brings it back
         try:
             self._socket.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
             self.sent_batches += 1

@@ -43,6 +43,7 @@ class ReplayBuffer:
     """The last ``steps`` batches ``(sequence, payload)``, appended by the engine thread."""
 
     def __init__(self, steps: int) -> None:
+        self.steps = steps
         self._batches: deque[tuple[int, bytes]] = deque(maxlen=steps)
         self._lock = threading.Lock()
 
@@ -62,11 +63,11 @@ class ReplayBuffer:
 class ReplayServer:
     """Serves ``buffer`` on a bound ROUTER socket from a daemon thread until ``close``."""
 
-    def __init__(self, endpoint: str, buffer: ReplayBuffer, topic: bytes, *, buffer_steps: int) -> None:
-        self._buffer = buffer
+    def __init__(self, endpoint: str, buffer: ReplayBuffer, topic: bytes) -> None:
+        self.buffer = buffer
         self._topic = topic
         self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
+        self._socket.setsockopt(zmq.SNDHWM, 2 * (buffer.steps + 1))
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or gone client raises, so the replay stops
         try:
@@ -104,7 +105,7 @@ class ReplayServer:
             return
         client, start = frames[0], int.from_bytes(frames[2], "big", signed=True)
         if self._bucket.take():
-            for seq, payload in self._buffer.since(max(start, 0)):
+            for seq, payload in self.buffer.since(max(start, 0)):
                 if not self._send((client, b"", self._topic, seq.to_bytes(8, "big"), payload)):
                     break  # the client's pipe is full: it sees the gap
             self.served += 1

@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvfleet.engine.errors import InvalidRequestError, RequestError
-from kvfleet.engine.sampling import SamplingParams
+from kvfleet.engine.sampling import REPORT_MODES, SamplingParams
 from kvfleet.openai_shape import error_body
 
 MAX_STOP_STRINGS = 16
@@ -67,8 +67,8 @@ class _Common(BaseModel):
     @field_validator("vllm_xargs")
     @classmethod
     def _xargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        mode = (value or {}).get("kv_cache_report_mode", "incremental")
-        if mode not in ("incremental", "full"):
+        mode = (value or {}).get("kv_cache_report_mode", REPORT_MODES[0])
+        if mode not in REPORT_MODES:
             raise ValueError(f"kv_cache_report_mode must be 'incremental' or 'full', got {mode!r}")
         return value
 
@@ -90,7 +90,7 @@ class _Common(BaseModel):
             stop=tuple(stops),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
-            kv_cache_report_mode=(self.vllm_xargs or {}).get("kv_cache_report_mode", "incremental"),
+            kv_cache_report_mode=(self.vllm_xargs or {}).get("kv_cache_report_mode", REPORT_MODES[0]),
         )
 
     @property

@@ -8,6 +8,9 @@ import torch
 
 # Below this temperature sampling is greedy (vLLM's threshold).
 GREEDY_TEMPERATURE = 1e-5
+# vLLM's kv_cache_report_mode values (``vllm_xargs``): "full" re-announces the prefix-cache blocks a
+# request hits as a BlockStored, so a subscriber that joined late learns a long-cached prefix.
+REPORT_MODES = ("incremental", "full")
 
 
 @dataclass(frozen=True)
@@ -20,9 +23,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    # vLLM's per-request extra arg (``vllm_xargs``): "full" re-announces the prefix-cache blocks a request
-    # hits as a BlockStored, so a subscriber that joined late learns a long-cached prefix (kv_events.py).
-    kv_cache_report_mode: str = "incremental"
+    kv_cache_report_mode: str = REPORT_MODES[0]  # see REPORT_MODES
 
     def __post_init__(self) -> None:
         # The HTTP layer reports these per field; this guards direct Python callers.
@@ -34,7 +35,7 @@ class SamplingParams:
             raise ValueError("top_p: must be in (0, 1]")
         if self.top_k < -1:
             raise ValueError("top_k: must be -1, 0 (disabled) or >= 1")
-        if self.kv_cache_report_mode not in ("incremental", "full"):
+        if self.kv_cache_report_mode not in REPORT_MODES:
             raise ValueError("vllm_xargs.kv_cache_report_mode: must be 'incremental' or 'full'")
         if any(not s for s in self.stop):
             raise ValueError("stop: stop strings must be non-empty")

@@ -136,7 +136,7 @@ async def test_a_gap_in_the_live_stream_is_filled_from_the_replay(tiny_model: Pa
     pub.setsockopt(zmq.LINGER, 0)
     pub.bind(f"tcp://127.0.0.1:{port}")
     buffer = ReplayBuffer(100)
-    server = ReplayServer(f"tcp://127.0.0.1:{port + 1}", buffer, b"", buffer_steps=100)
+    server = ReplayServer(f"tcp://127.0.0.1:{port + 1}", buffer, b"")
     seq = 0
 
     def publish(events: list[dict[str, object]], *, live: bool = True) -> None:
