@@ -155,3 +155,14 @@ def route_as_the_proxy(fleet: Any, body: dict[str, object], model: str = "m") ->
     assert lease is not None
     lease.release("ok")
     return lease.replica_id, hashes.engine_blocks
+
+
+@pytest.fixture
+def publishers() -> Iterator[list[Any]]:
+    """Two KV-event publishers on free ports (support/event_publisher.py), closed after the test."""
+    from support.event_publisher import Publisher
+
+    made = [Publisher(pick_free_port()) for _ in range(2)]
+    yield made
+    for p in made:
+        p.close()

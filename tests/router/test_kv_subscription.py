@@ -5,13 +5,11 @@ to the learned index and a restarted one is picked up again."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
 import pytest
-import zmq
+from support.event_publisher import Publisher, publish_until_usable, usable
 
 from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.engine.tokenizer import ModelTokenizer
@@ -24,62 +22,12 @@ from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import NoWakeSignal
 from kvfleet.spec import RoutingSpec
 
-from .conftest import pick_free_port, route_as_the_proxy, until
-
-
-class Publisher:
-    """A bound PUB socket speaking vLLM's framing: (topic, 8-byte sequence, msgpack batch)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.seq = 0
-        self.sock = zmq.Context.instance().socket(zmq.PUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        # Binding again right after a close may find ZeroMQ's I/O thread still releasing the port.
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                self.sock.bind(f"tcp://127.0.0.1:{port}")
-                break
-            except zmq.ZMQError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def send_raw(self, payload: bytes, seq: int | None = None) -> None:
-        seq = self.seq if seq is None else seq
-        self.seq = seq + 1
-        self.sock.send_multipart((b"", seq.to_bytes(8, "big"), payload))
-
-    def store(self, tokens: list[int], first: int, parent: int | None = None, block_size: int = 4) -> None:
-        n = len(tokens) // block_size
-        event = {
-            "type": "BlockStored",
-            "block_hashes": list(range(first, first + n)),
-            "parent_block_hash": parent,
-            "token_ids": tokens,
-            "block_size": block_size,
-            "lora_id": None,
-            "medium": "GPU",
-            "lora_name": None,
-        }
-        self.send_raw(msgpack.packb([1.0, [event], 0]))
-
-    def close(self) -> None:
-        self.sock.close(0)
+from .conftest import route_as_the_proxy, until
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", layers=1, hidden=32, vocab=512)
-
-
-@pytest.fixture
-def publishers() -> Iterator[list[Publisher]]:
-    made = [Publisher(pick_free_port()) for _ in range(2)]
-    yield made
-    for p in made:
-        p.close()
 
 
 def counter(fleet: Fleet, name: str, *labels: str) -> float:
@@ -104,22 +52,6 @@ async def make_fleet(tiny_model: Path, publishers: list[Publisher], **overrides:
         source.add("m", f"r{i}", f"http://127.0.0.1:{9000 + i}", kv_events_port=p.port)
     await source.start(fleet)
     return fleet
-
-
-def usable(fleet: Fleet, replica: str) -> bool:
-    caches = fleet.engine_caches("m")
-    state = caches.get(replica) if caches else None
-    return bool(state and state.usable)
-
-
-async def publish_until_usable(fleet: Fleet, publisher: Publisher, replica: str, tokens: list[int], first: int) -> None:
-    """PUB drops what it sends before a subscriber is connected: resend (as new batches) until one lands."""
-    for _ in range(200):
-        publisher.store(tokens, first)
-        await asyncio.sleep(0.02)
-        if usable(fleet, replica):
-            return
-    raise AssertionError(f"{replica} never became usable")
 
 
 def held(fleet: Fleet, replica: str, tokens: list[int]) -> int:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aiohttp import web
+from support.event_publisher import Publisher, publish_until_usable
 
 from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.engine.tokenizer import ModelTokenizer
@@ -33,7 +34,6 @@ from kvfleet.router.wake import NoWakeSignal
 from kvfleet.spec import RoutingSpec
 
 from .conftest import pick_free_port, route_as_the_proxy, until
-from .test_kv_subscription import Publisher, publish_until_usable
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +56,6 @@ async def launcher() -> AsyncIterator[Launcher]:
     runner = await start_metrics_server(served.app, "127.0.0.1", served.port)
     yield served
     await runner.cleanup()
-
-
-@pytest.fixture
-def publishers() -> Iterator[list[Publisher]]:
-    made = [Publisher(pick_free_port()) for _ in range(2)]
-    yield made
-    for p in made:
-        p.close()
 
 
 def fetches(fleet: Fleet, outcome: str) -> float:
