@@ -10,11 +10,14 @@ router's answer in one place, ``upstream_failure``, by the phase it happened in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from kvfleet.router.cold_hold import ColdStartHold, Held
+from kvfleet.router.cold_start import ready_comment
 from kvfleet.router.errors import (
     GatewayTimeoutError,
     RouterError,
@@ -47,6 +50,8 @@ log = logging.getLogger("kvfleet.router.proxy")
 # First wait before retrying on a replica that already failed this request; doubles per attempt.
 RETRY_BACKOFF_S = 0.25
 _SSE = "text/event-stream"
+# A replica's error answer to a held stream is passed on as an event of at most this much of its body.
+_MAX_ERROR_BODY_BYTES = 64 * 1024
 _NONE_TRIED: frozenset[str] = frozenset()
 
 # Where a request was when talking to its replica failed (the label of kvfleet_router_upstream_timeouts).
@@ -110,6 +115,7 @@ class Forwarder:
         self._metrics = metrics
         self._upstream = upstream
         self._clock = clock
+        self._hold = ColdStartHold(settings, fleet, metrics, clock)
 
     async def forward(
         self,
@@ -121,13 +127,39 @@ class Forwarder:
         body: dict[str, Any],
     ) -> int:
         """Send to a replica (retrying elsewhere while nothing was relayed) and relay; returns the status."""
+        try:
+            return await self._forward(request, responder, model, hashes, started_s, body)
+        except RouterError as e:
+            if not responder.started or responder.finished:
+                raise
+            # A held stream's head went out with its cold-start comments: the error can only be an event.
+            await responder.write(error_event(e.reason, kind=e.kind))
+            await responder.write(b"data: [DONE]\n\n")
+            responder.end()
+            return e.status
+
+    async def _forward(
+        self,
+        request: HttpRequest,
+        responder: Responder,
+        model: str,
+        hashes: list[int],
+        started_s: float,
+        body: dict[str, Any],
+    ) -> int:
         headers = forward_headers(request)
         tried: set[str] = set()
         failures: list[str] = []
+        held: Held | None = None
         for attempt in range(self._settings.max_attempts):
             exclude = frozenset(tried) if tried else _NONE_TRIED
-            # The common case picks without a coroutine; ``acquire`` holds the request while there is no replica.
-            lease = self._fleet.try_acquire(model, hashes, exclude) or await self._fleet.acquire(model, hashes, exclude)
+            # The common case picks without a coroutine; a request that finds no replica is held (cold_hold.py).
+            lease = self._fleet.try_acquire(model, hashes, exclude)
+            if lease is None:
+                if held is None:
+                    lease, held = await self._hold.hold(responder, model, body, hashes, exclude)
+                else:  # held once already: a retry waits without a second round of comments
+                    lease = await self._fleet.acquire(model, hashes, exclude)
             if attempt:
                 self._metrics.retries.inc(key_labels(model))
             relay: _Relay | None = None
@@ -142,8 +174,13 @@ class Forwarder:
                     ) or await self._send(model, lease, request.path_qs, request.body, headers)
                     with upstream:
                         first = await self._first_bytes(model, lease, upstream)
+                        committed = held is not None and held.committed
+                        if committed and (upstream.status != 200 or upstream.content_type != _SSE):
+                            await self._answer_as_event(responder, lease.replica_id, upstream, first)
+                            return upstream.status
+                        held_line = held.header_line() if held is not None else b""
                         if upstream.at_eof() and upstream.content_type != _SSE:
-                            self._relay_whole(responder, model, lease.replica_id, upstream, first, started_s)
+                            self._relay_whole(responder, model, lease.replica_id, upstream, first, started_s, held_line)
                             return upstream.status
                         resume = None
                         if (
@@ -152,7 +189,13 @@ class Forwarder:
                             and self._settings.stream_migration_attempts
                         ):
                             resume = _Resume(request, body, headers, hashes, tried)
-                        relay = self._start_relay(responder, model, lease.replica_id, upstream, started_s, resume)
+                        relay = self._start_relay(
+                            responder, model, lease.replica_id, upstream, started_s, resume, held_line, committed
+                        )
+                        if committed:
+                            assert held is not None
+                            # The last comment, then the first token: no comment follows it.
+                            await responder.write(ready_comment(held.held_s))
                         await self._pump(responder, model, lease.replica_id, upstream, first, relay, None)
             except UpstreamAttemptError as e:
                 tried.add(e.replica_id)
@@ -166,9 +209,11 @@ class Forwarder:
                 await responder.write(rest)
             responder.end()
             return upstream.status
-        raise UpstreamError(
+        error = UpstreamError(
             f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
         )
+        error.held_s = held.held_s if held is not None else None
+        raise error
 
     # -- one attempt ---------------------------------------------------------------------------
 
@@ -215,9 +260,10 @@ class Forwarder:
         upstream: UpstreamResponse,
         first: bytes,
         started_s: float,
+        held_line: bytes = b"",
     ) -> None:
         """The whole body came in the first read (the usual non-streaming answer): one write, no coroutine."""
-        headers = response_header_lines(upstream, replica_id)
+        headers = response_header_lines(upstream, replica_id) + held_line
         responder.send(upstream.status, (), first, reason=upstream.reason, raw_headers=headers)
         self._metrics.ttft.observe(key_labels(model), self._clock() - started_s)
 
@@ -229,16 +275,43 @@ class Forwarder:
         upstream: UpstreamResponse,
         started_s: float,
         resume: _Resume | None,
+        held_line: bytes = b"",
+        committed: bool = False,
     ) -> _Relay:
-        """Send the answer's head to the client: the request is committed now."""
+        """Send the answer's head to the client (unless a held stream's went out already): the request
+        is committed now."""
         is_sse = upstream.content_type == _SSE
-        headers = response_header_lines(upstream, replica_id)
-        length = upstream.content_length if not is_sse else None
-        responder.start(upstream.status, (), content_length=length, reason=upstream.reason, raw_headers=headers)
+        if not committed:
+            headers = response_header_lines(upstream, replica_id) + held_line
+            length = upstream.content_length if not is_sse else None
+            responder.start(upstream.status, (), content_length=length, reason=upstream.reason, raw_headers=headers)
         self._metrics.ttft.observe(key_labels(model), self._clock() - started_s)
         splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
         sent: list[bytes] | None = [] if resume is not None and splitter is not None else None
         return _Relay(splitter, sent, resume)
+
+    async def _answer_as_event(
+        self, responder: Responder, replica_id: str, upstream: UpstreamResponse, first: bytes
+    ) -> None:
+        """A held stream (200 sent with its comments) whose replica answered other than a 200 stream (a 400
+        for a bad parameter, say): the replica's error, bounded, as an error event, then ``[DONE]``."""
+        body = first
+        try:
+            while len(body) < _MAX_ERROR_BODY_BYTES and (more := await upstream.readany()):
+                body += more
+        except UpstreamIOError as e:
+            log.warning("replica %s broke its error answer to a held stream: %r", replica_id, e)
+        payload = None
+        with contextlib.suppress(ValueError):  # not JSON: passed on as text
+            payload = json.loads(body[:_MAX_ERROR_BODY_BYTES])
+        if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+            await responder.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        else:
+            text = body[:512].decode("utf-8", "replace")
+            why = f"replica {replica_id} answered {upstream.status}: {text}"
+            await responder.write(error_event(why, kind="upstream_error"))
+        await responder.write(b"data: [DONE]\n\n")
+        responder.end()
 
     async def _pump(
         self,
