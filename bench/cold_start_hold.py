@@ -9,7 +9,8 @@ Each round starts a fresh router process (``--serve`` mode of this script: the r
 with a static source) whose model has no replica; ``--streams`` concurrent streamed requests arrive at
 once and are held; the first wake starts a cold start of ``--cold-s`` seconds, after which a backend
 process (tests/router/backend.py, started before the round so its start-up is not timed) is added and
-every held stream is served a short answer. Measured per round: the router process's own CPU time
+every held stream is served a short answer. The router runs on uvloop, as `kvfleet router serve`
+does. Measured per round: the router process's own CPU time
 (utime + stime from /proc) over the round, each request's time held (to its first token) and the
 comments it got. CPU per held request is the round's router CPU / streams; the comments' cost is
 the difference between the arms divided by the comments sent.
@@ -189,6 +190,15 @@ def write(result: dict[str, Any]) -> None:
         f"{s['cpu_ms_per_held_request_median']['on']:.3f} | {s['cpu_ratio_on_vs_off']}x |",
         f"| router CPU per comment (us) | | {s['cpu_us_per_comment']} | |",
         "",
+        "Time held is each request's time to its first token (the cold start, then the replica's answer). Comments per "
+        "request count every comment line the client received, the last (`replica ready after ...`) included. CPU "
+        "per comment is (CPU per held request with comments - without) / comments per request; /proc counts CPU in "
+        f"{1e3 / os.sysconf('SC_CLK_TCK'):g} ms ticks, so each round's figure is good to about one tick. At the "
+        "router's default hold budget (max_held_requests 2000) and one comment a second, that is "
+        f"{s['cpu_us_per_comment'] * 2000 / 1e6:.2f} of a core while 2000 streams are held."
+        if s["cpu_us_per_comment"] is not None
+        else "",
+        "",
         "Per round:",
         "",
         "| comments | streams | complete | held median (s) | held max (s) | comments/request | router CPU (s) "
@@ -215,7 +225,13 @@ def main() -> None:
     parser.add_argument("--comments", action=argparse.BooleanOptionalAction, default=True, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        asyncio.run(serve(args.serve, args.backend_url, args.cold_s, args.comments, args.interval_s))
+        from kvfleet.router.cli import run_event_loop
+
+        async def main() -> int:
+            await serve(args.serve, args.backend_url, args.cold_s, args.comments, args.interval_s)
+            return 0
+
+        run_event_loop(main())  # uvloop, as `kvfleet router serve` runs
         return
     from kvfleet.free_port import pick_free_port
 
