@@ -109,6 +109,8 @@ def comment(model: str, cold: ColdStart, held_s: float, waking_for_s: float) -> 
     """
     if cold.progress is not None:
         what = cold.progress
+    elif cold.estimate_s is not None and waking_for_s >= cold.estimate_s:
+        what = f"waking {model}, longer than its {duration_text(cold.estimate_s)} estimate"
     else:
         left = remaining_s(cold, waking_for_s)
         what = f"waking {model}" + (f", about {duration_text(left)} left" if left is not None else "")

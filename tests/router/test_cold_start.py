@@ -84,6 +84,9 @@ def test_a_comment_is_one_bounded_line_of_legal_sse() -> None:
     )
     assert comment("llama", ColdStart(60.0), 3.2, 10.0) == b": cold start: waking llama, about 50 s left; held 3 s\n\n"
     assert comment("llama", ColdStart(), 0.0, 0.0) == b": cold start: waking llama; held 0 s\n\n"
+    # Past the estimate, the comment says so rather than "0 s left".
+    late = comment("llama", ColdStart(60.0), 70.4, 75.0)
+    assert late == b": cold start: waking llama, longer than its 1m00s estimate; held 1m10s\n\n"
     # A model name is a client's string: it cannot end the comment and start an event.
     hostile = comment("x\n\ndata: {}\r", ColdStart(), 0.0, 0.0)
     assert hostile.count(b"\n") == 2 and hostile.endswith(b"\n\n") and b"\r" not in hostile
