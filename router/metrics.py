@@ -188,7 +188,7 @@ class RouterMetrics:
         )
         self.cold_start_hold_time = HistogramSeries(
             "kvfleet_router_cold_start_hold_seconds",
-            "Time a request was held waiting for a replica, whatever the outcome (0 for refused ones not counted).",
+            "Time a request was held waiting for a replica, whatever the outcome but refused (answered at once).",
             ["namespace", "model"],
             TTFT_BUCKETS_S,
         )

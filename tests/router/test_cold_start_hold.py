@@ -280,6 +280,20 @@ async def test_the_openai_client_streams_through_a_held_cold_start() -> None:
     assert comments >= 5  # it was held: 1.5 s and a process start at 0.2 s per comment
 
 
+async def test_the_openai_client_reads_the_503_of_a_model_still_starting() -> None:
+    source = deployment(RoutingSpec(max_queue_wait_seconds=5), ColdStart(estimate_s=90.0))
+    wake = SlowWake([source], delay_s=None)
+    async with running_router(source, wake=InProcessWakeSignal(wake)) as router:
+        sdk = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="not-checked", max_retries=0, timeout=10)
+        async with sdk:
+            with pytest.raises(openai.InternalServerError) as caught:
+                await sdk.completions.create(model=MODEL, prompt="hello", max_tokens=4)
+        await until(lambda: wake.calls == 1)  # woken all the same
+    assert caught.value.status_code == 503 and caught.value.code == "model_starting"
+    assert caught.value.response.headers["Retry-After"] == "90"
+    assert "about 1m30s" in caught.value.message
+
+
 # -- non-streamed ---------------------------------------------------------------------------------
 
 
