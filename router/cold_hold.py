@@ -47,6 +47,11 @@ _OUTCOMES: dict[type[RouterError], str] = {
 _STREAM_HEAD = (("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"))
 
 
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class Held:
     """One request's hold: when it began, how long it lasted, and whether its stream's head (and so
     its 200) already went out with the comments (``committed``)."""
@@ -120,21 +125,32 @@ class ColdStartHold:
         """Send the stream's head at once, then a comment every interval until a replica is leased."""
         responder.start(200, (*_STREAM_HEAD, (COLD_START_HEADER, "0.000")))
         held.committed = True
-        acquiring = asyncio.get_running_loop().create_task(self._fleet.acquire(model, hashes, exclude))
+        loop = asyncio.get_running_loop()
+        acquiring = loop.create_task(self._fleet.acquire(model, hashes, exclude))
+        # One future per interval, set by its timer or by the acquire finishing: a third of
+        # asyncio.wait's cost per comment (docs/benchmarks/cold_start_hold.md).
+        tick: list[asyncio.Future[None]] = [loop.create_future()]
+        acquiring.add_done_callback(lambda _: _wake(tick[0]))
         handed_over = False
         labels = key_labels(model)
         try:
-            while True:
+            while not acquiring.done():
                 view, waking_for_s = self._fleet.cold_start(model)
                 now_s = self._clock()
                 await responder.write(comment(view.served_name, view.cold_start, now_s - held.started_s, waking_for_s))
                 held.comments += 1
                 self._metrics.cold_start_comments.inc(labels)
-                done, _ = await asyncio.wait((acquiring,), timeout=self._settings.cold_start_comment_interval_s)
-                if done:
-                    lease = acquiring.result()
-                    handed_over = True
-                    return lease
+                if acquiring.done():
+                    break
+                tick[0] = loop.create_future()
+                timer = loop.call_later(self._settings.cold_start_comment_interval_s, _wake, tick[0])
+                try:
+                    await tick[0]
+                finally:
+                    timer.cancel()
+            lease = acquiring.result()
+            handed_over = True
+            return lease
         finally:
             if not acquiring.done():
                 acquiring.cancel()  # leaves the queue: no longer counted, no longer woken for

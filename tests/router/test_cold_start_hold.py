@@ -42,14 +42,23 @@ MODEL = "m"
 
 class SlowWake:
     """The autoscaler's and the engine's part of a cold start: the first wake starts a real backend
-    process after ``delay_s`` and adds it to every source (None: never); counts every wake."""
+    process after ``delay_s`` and adds it to every source (None: never); counts every wake. Given a
+    ``ready`` backend (a process started before, to keep the suite short), it is added after the delay
+    instead."""
 
-    def __init__(self, sources: list[StaticReplicaSource], delay_s: float | None, replica_id: str = "cold0") -> None:
+    def __init__(
+        self,
+        sources: list[StaticReplicaSource],
+        delay_s: float | None,
+        replica_id: str = "cold0",
+        ready: Backend | None = None,
+    ) -> None:
         self.sources = sources
         self.delay_s = delay_s
-        self.replica_id = replica_id
+        self.replica_id = ready.replica_id if ready is not None else replica_id
         self.calls = 0
         self.backend: Backend | None = None
+        self._ready = ready
         self._task: asyncio.Task[None] | None = None
 
     async def __call__(self, namespace: str, name: str) -> None:
@@ -59,7 +68,7 @@ class SlowWake:
 
     async def _start(self, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
-        self.backend = await asyncio.to_thread(start_backend, self.replica_id)
+        self.backend = self._ready or await asyncio.to_thread(start_backend, self.replica_id)
         for source in self.sources:
             source.add(MODEL, self.replica_id, self.backend.url)
 
@@ -67,8 +76,18 @@ class SlowWake:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.backend is not None:
+        if self.backend is not None and self._ready is None:
             self.backend.stop()
+
+
+@pytest.fixture(scope="module")
+def warm() -> Iterator[Backend]:
+    """One backend process for the tests whose cold start is a delay before it is added."""
+    backend = start_backend("warm0")
+    try:
+        yield backend
+    finally:
+        backend.stop()
 
 
 def deployment(routing: RoutingSpec | None = None, cold: ColdStart | None = None) -> StaticReplicaSource:
@@ -262,9 +281,9 @@ async def test_behind_nginx_comments_carry_a_stream_through_a_10s_cold_start_and
 
 
 @pytest.mark.slow
-async def test_the_openai_client_streams_through_a_held_cold_start() -> None:
+async def test_the_openai_client_streams_through_a_held_cold_start(warm: Backend) -> None:
     source = deployment()
-    wake = SlowWake([source], delay_s=1.5)
+    wake = SlowWake([source], delay_s=1.5, ready=warm)
     try:
         async with running_router(source, wake=InProcessWakeSignal(wake), cold_start_comment_interval_s=0.2) as router:
             sdk = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="not-checked", max_retries=0, timeout=60)
@@ -277,7 +296,7 @@ async def test_the_openai_client_streams_through_a_held_cold_start() -> None:
     finally:
         await wake.close()
     assert texts == [f"w{i}" for i in range(6)]
-    assert comments >= 5  # it was held: 1.5 s and a process start at 0.2 s per comment
+    assert comments >= 5  # it was held: 1.5 s at 0.2 s per comment
 
 
 async def test_the_openai_client_reads_the_503_of_a_model_still_starting() -> None:
@@ -298,11 +317,11 @@ async def test_the_openai_client_reads_the_503_of_a_model_still_starting() -> No
 
 
 async def test_a_non_streamed_request_whose_wake_outlasts_its_hold_bound_gets_503_at_once_and_the_wake_goes_on(
-    tmp_path: Path,
+    warm: Backend,
 ) -> None:
     # The deployment's cold start is 30 s; its requests may be held 5 s: holding would only time out.
     source = deployment(RoutingSpec(max_queue_wait_seconds=5), ColdStart(estimate_s=30.0))
-    wake = SlowWake([source], delay_s=0.2)
+    wake = SlowWake([source], delay_s=0.5, ready=warm)
     try:
         async with running_router(source, wake=InProcessWakeSignal(wake)) as router:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
@@ -325,9 +344,9 @@ async def test_a_non_streamed_request_whose_wake_outlasts_its_hold_bound_gets_50
 
 
 @pytest.mark.slow
-async def test_a_held_non_streamed_answer_says_how_long_it_was_held() -> None:
+async def test_a_held_non_streamed_answer_says_how_long_it_was_held(warm: Backend) -> None:
     source = deployment(cold=ColdStart(estimate_s=2.0))
-    wake = SlowWake([source], delay_s=1.0)
+    wake = SlowWake([source], delay_s=1.0, ready=warm)
     try:
         async with running_router(source, wake=InProcessWakeSignal(wake)) as router:
             async with (
@@ -348,9 +367,9 @@ async def test_a_held_non_streamed_answer_says_how_long_it_was_held() -> None:
 
 
 @pytest.mark.slow
-async def test_comments_stop_the_moment_the_first_token_is_sent() -> None:
+async def test_comments_stop_the_moment_the_first_token_is_sent(warm: Backend) -> None:
     source = deployment(cold=ColdStart(estimate_s=20.0))
-    wake = SlowWake([source], delay_s=1.0)
+    wake = SlowWake([source], delay_s=1.0, ready=warm)
     try:
         async with (
             running_router(source, wake=InProcessWakeSignal(wake), cold_start_comment_interval_s=0.1) as router,
@@ -405,9 +424,9 @@ async def test_a_held_stream_whose_wake_times_out_ends_with_an_error_event_and_d
     assert error["type"] == "no_replica_ready" and "maxQueueWaitSeconds" in error["message"]
 
 
-async def test_comments_off_holds_a_stream_silently_as_before() -> None:
+async def test_comments_off_holds_a_stream_silently_as_before(warm: Backend) -> None:
     source = deployment(cold=ColdStart(estimate_s=1.0))
-    wake = SlowWake([source], delay_s=0.5)
+    wake = SlowWake([source], delay_s=0.5, ready=warm)
     try:
         async with (
             running_router(source, wake=InProcessWakeSignal(wake), cold_start_comments=False) as router,
