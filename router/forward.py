@@ -127,8 +127,76 @@ class Forwarder:
         body: dict[str, Any],
     ) -> int:
         """Send to a replica (retrying elsewhere while nothing was relayed) and relay; returns the status."""
+        headers = forward_headers(request)
+        tried: set[str] = set()
+        failures: list[str] = []
+        held: Held | None = None
         try:
-            return await self._forward(request, responder, model, hashes, started_s, body)
+            for attempt in range(self._settings.max_attempts):
+                exclude = frozenset(tried) if tried else _NONE_TRIED
+                # The common case picks without a coroutine; a request that finds no replica is held (cold_hold.py).
+                lease = self._fleet.try_acquire(model, hashes, exclude)
+                if lease is None:
+                    if held is None:
+                        lease, held = await self._hold.hold(responder, model, body, hashes, exclude)
+                    else:  # held once already: a retry waits without a second round of comments
+                        lease = await self._fleet.acquire(model, hashes, exclude)
+                if attempt:
+                    self._metrics.retries.inc(key_labels(model))
+                relay: _Relay | None = None
+                try:
+                    with lease:
+                        if attempt and lease.replica_id in tried:
+                            # Only replicas that just failed are left (one died and the source has not dropped it
+                            # yet): back off a little so the retry does not land in the same instant.
+                            await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+                        upstream = self._upstream.send_nowait(
+                            lease.url, request.path_qs, headers, request.body
+                        ) or await self._send(model, lease, request.path_qs, request.body, headers)
+                        with upstream:
+                            first = await self._first_bytes(model, lease, upstream)
+                            committed = held is not None and held.committed
+                            if committed and (upstream.status != 200 or upstream.content_type != _SSE):
+                                await self._answer_as_event(responder, lease.replica_id, upstream, first)
+                                return upstream.status
+                            held_line = held.header_line() if held is not None else b""
+                            if upstream.at_eof() and upstream.content_type != _SSE:
+                                self._relay_whole(
+                                    responder, model, lease.replica_id, upstream, first, started_s, held_line
+                                )
+                                return upstream.status
+                            resume = None
+                            if (
+                                body.get("stream") is True
+                                and upstream.status == 200
+                                and self._settings.stream_migration_attempts
+                            ):
+                                resume = _Resume(request, body, headers, hashes, tried)
+                            relay = self._start_relay(
+                                responder, model, lease.replica_id, upstream, started_s, resume, held_line, committed
+                            )
+                            if committed:
+                                assert held is not None
+                                # The last comment, then the first token: no comment follows it.
+                                await responder.write(ready_comment(held.held_s))
+                            await self._pump(responder, model, lease.replica_id, upstream, first, relay, None)
+                except UpstreamAttemptError as e:
+                    tried.add(e.replica_id)
+                    failures.append(str(e))
+                    continue
+                except StreamBrokenError as e:
+                    assert relay is not None  # only the relay raises it
+                    await self._after_break(responder, model, relay, e)
+                    return upstream.status
+                if relay.splitter is not None and (rest := relay.splitter.flush()):
+                    await responder.write(rest)
+                responder.end()
+                return upstream.status
+            error = UpstreamError(
+                f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
+            )
+            error.held_s = held.held_s if held is not None else None
+            raise error
         except RouterError as e:
             if not responder.started or responder.finished:
                 raise
@@ -137,83 +205,6 @@ class Forwarder:
             await responder.write(b"data: [DONE]\n\n")
             responder.end()
             return e.status
-
-    async def _forward(
-        self,
-        request: HttpRequest,
-        responder: Responder,
-        model: str,
-        hashes: list[int],
-        started_s: float,
-        body: dict[str, Any],
-    ) -> int:
-        headers = forward_headers(request)
-        tried: set[str] = set()
-        failures: list[str] = []
-        held: Held | None = None
-        for attempt in range(self._settings.max_attempts):
-            exclude = frozenset(tried) if tried else _NONE_TRIED
-            # The common case picks without a coroutine; a request that finds no replica is held (cold_hold.py).
-            lease = self._fleet.try_acquire(model, hashes, exclude)
-            if lease is None:
-                if held is None:
-                    lease, held = await self._hold.hold(responder, model, body, hashes, exclude)
-                else:  # held once already: a retry waits without a second round of comments
-                    lease = await self._fleet.acquire(model, hashes, exclude)
-            if attempt:
-                self._metrics.retries.inc(key_labels(model))
-            relay: _Relay | None = None
-            try:
-                with lease:
-                    if attempt and lease.replica_id in tried:
-                        # Only replicas that just failed are left (one died and the source has not dropped it
-                        # yet): back off a little so the retry does not land in the same instant.
-                        await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
-                    upstream = self._upstream.send_nowait(
-                        lease.url, request.path_qs, headers, request.body
-                    ) or await self._send(model, lease, request.path_qs, request.body, headers)
-                    with upstream:
-                        first = await self._first_bytes(model, lease, upstream)
-                        committed = held is not None and held.committed
-                        if committed and (upstream.status != 200 or upstream.content_type != _SSE):
-                            await self._answer_as_event(responder, lease.replica_id, upstream, first)
-                            return upstream.status
-                        held_line = held.header_line() if held is not None else b""
-                        if upstream.at_eof() and upstream.content_type != _SSE:
-                            self._relay_whole(responder, model, lease.replica_id, upstream, first, started_s, held_line)
-                            return upstream.status
-                        resume = None
-                        if (
-                            body.get("stream") is True
-                            and upstream.status == 200
-                            and self._settings.stream_migration_attempts
-                        ):
-                            resume = _Resume(request, body, headers, hashes, tried)
-                        relay = self._start_relay(
-                            responder, model, lease.replica_id, upstream, started_s, resume, held_line, committed
-                        )
-                        if committed:
-                            assert held is not None
-                            # The last comment, then the first token: no comment follows it.
-                            await responder.write(ready_comment(held.held_s))
-                        await self._pump(responder, model, lease.replica_id, upstream, first, relay, None)
-            except UpstreamAttemptError as e:
-                tried.add(e.replica_id)
-                failures.append(str(e))
-                continue
-            except StreamBrokenError as e:
-                assert relay is not None  # only the relay raises it
-                await self._after_break(responder, model, relay, e)
-                return upstream.status
-            if relay.splitter is not None and (rest := relay.splitter.flush()):
-                await responder.write(rest)
-            responder.end()
-            return upstream.status
-        error = UpstreamError(
-            f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
-        )
-        error.held_s = held.held_s if held is not None else None
-        raise error
 
     # -- one attempt ---------------------------------------------------------------------------
 
