@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvfleet.contracts import COLD_START_HEADER
-from kvfleet.router.cold_start import comment, remaining_s, retry_after_s, starting_message
+from kvfleet.router.cold_start import comment, remaining_s, retry_after_s, starting_message, waiting_comment
 from kvfleet.router.errors import (
     ColdStartingError,
     ModelNotFoundError,
@@ -109,6 +109,39 @@ class ColdStartHold:
             if outcome != "refused":
                 self._metrics.cold_start_hold_time.observe(labels, held.held_s)
 
+    async def again(
+        self, responder: Responder, model: str, hashes: Sequence[int], exclude: frozenset[str], held: Held
+    ) -> ReplicaLease:
+        """A retry that finds no replica after the hold (the replica it got failed before answering):
+        held again, with the comments going on where its stream's head went out already. Counted once,
+        as the first hold."""
+        try:
+            if not held.committed:
+                return await self._fleet.acquire(model, hashes, exclude)
+            return await self._with_comments(responder, model, hashes, exclude, held)
+        finally:
+            held.held_s = self._clock() - held.started_s
+
+    def until_first_token(self, responder: Responder, model: str, held: Held) -> asyncio.Task[None] | None:
+        """For a held stream whose replica was leased: comments go on while the replica prepares its first
+        token (a long prompt's prefill, the new engine's first compile), so the proxies' timers stay
+        reset until it comes. The caller cancels the task before it writes the token; a write is whole
+        (``Responder.write`` hands the transport each chunk at once), so none is cut."""
+        if not held.committed:
+            return None
+        return asyncio.get_running_loop().create_task(self._awaiting_token(responder, model, held))
+
+    async def _awaiting_token(self, responder: Responder, model: str, held: Held) -> None:
+        labels = key_labels(model)
+        try:
+            while True:
+                await asyncio.sleep(self._settings.cold_start_comment_interval_s)
+                await responder.write(waiting_comment(self._clock() - held.started_s))
+                held.comments += 1
+                self._metrics.cold_start_comments.inc(labels)
+        except Exception:  # noqa: S110 - the client left: its request's own task ends it
+            pass
+
     def _refuse_if_too_long(self, model: str) -> None:
         """503 at once when the wake is expected to outlast the hold bound (the wake is still sent)."""
         view, waking_for_s = self._fleet.cold_start(model)
@@ -122,9 +155,11 @@ class ColdStartHold:
     async def _with_comments(
         self, responder: Responder, model: str, hashes: Sequence[int], exclude: frozenset[str], held: Held
     ) -> ReplicaLease:
-        """Send the stream's head at once, then a comment every interval until a replica is leased."""
-        responder.start(200, (*_STREAM_HEAD, (COLD_START_HEADER, "0.000")))
-        held.committed = True
+        """Send the stream's head at once (unless it went out already), then a comment every interval
+        until a replica is leased."""
+        if not held.committed:
+            responder.start(200, (*_STREAM_HEAD, (COLD_START_HEADER, "0.000")))
+            held.committed = True
         loop = asyncio.get_running_loop()
         acquiring = loop.create_task(self._fleet.acquire(model, hashes, exclude))
         # One future per interval, set by its timer or by the acquire finishing: a third of

@@ -118,6 +118,11 @@ def comment(model: str, cold: ColdStart, held_s: float, waking_for_s: float) -> 
     return b": cold start: " + one_line(f"{what}; held {held}").encode() + b"\n\n"
 
 
+def waiting_comment(held_s: float) -> bytes:
+    """A comment while the leased replica prepares the first token."""
+    return b": cold start: replica ready, waiting for its first token; held %d s\n\n" % math.floor(held_s)
+
+
 def ready_comment(held_s: float) -> bytes:
     """The last comment, before the first token: how long the request was held in all."""
     return b": cold start: replica ready after %.1f s held\n\n" % held_s

@@ -139,11 +139,13 @@ class Forwarder:
                 if lease is None:
                     if held is None:
                         lease, held = await self._hold.hold(responder, model, body, hashes, exclude)
-                    else:  # held once already: a retry waits without a second round of comments
-                        lease = await self._fleet.acquire(model, hashes, exclude)
+                    else:  # held once already, and its replica failed: held again (comments go on)
+                        lease = await self._hold.again(responder, model, hashes, exclude, held)
                 if attempt:
                     self._metrics.retries.inc(key_labels(model))
                 relay: _Relay | None = None
+                # A held stream's comments go on until its replica's first token (cancelled right then).
+                ticking = self._hold.until_first_token(responder, model, held) if held is not None else None
                 try:
                     with lease:
                         if attempt and lease.replica_id in tried:
@@ -155,6 +157,8 @@ class Forwarder:
                         ) or await self._send(model, lease, request.path_qs, request.body, headers)
                         with upstream:
                             first = await self._first_bytes(model, lease, upstream)
+                            if ticking is not None:
+                                ticking.cancel()
                             committed = held is not None and held.committed
                             if committed and (upstream.status != 200 or upstream.content_type != _SSE):
                                 await self._answer_as_event(responder, lease.replica_id, upstream, first)
@@ -188,6 +192,9 @@ class Forwarder:
                     assert relay is not None  # only the relay raises it
                     await self._after_break(responder, model, relay, e)
                     return upstream.status
+                finally:
+                    if ticking is not None:
+                        ticking.cancel()
                 if relay.splitter is not None and (rest := relay.splitter.flush()):
                     await responder.write(rest)
                 responder.end()

@@ -375,8 +375,11 @@ async def test_comments_stop_the_moment_the_first_token_is_sent(warm: Backend) -
             running_router(source, wake=InProcessWakeSignal(wake), cold_start_comment_interval_s=0.1) as router,
             aiohttp.ClientSession() as session,
         ):
-            # Tokens 0.4 s apart, comments every 0.1 s: any comment after the first token would show.
-            got = await read_stream(session, router.url + "/v1/completions", completion(True, 4, delay_s=0.4))
+            # The replica takes 0.5 s to its first token, then tokens come 0.4 s apart; comments every 0.1 s:
+            # any comment after the first token would show.
+            body = completion(True, 4, delay_s=0.4)
+            body["kvfleet_test"]["hold_s"] = 0.5
+            got = await read_stream(session, router.url + "/v1/completions", body)
     finally:
         await wake.close()
     assert got.status == 200 and got.texts() == ["w0", "w1", "w2", "w3"]
@@ -384,6 +387,9 @@ async def test_comments_stop_the_moment_the_first_token_is_sent(warm: Backend) -
     assert all(line.startswith(":") for _, line in got.lines[:first_data])
     assert not any(line.startswith(":") for _, line in got.lines[first_data:])
     assert got.lines[first_data - 1][1].startswith(": cold start: replica ready after")
+    # While the leased replica prepared its first token, the comments went on.
+    waiting = [line for _, line in got.comments if "waiting for its first token" in line]
+    assert len(waiting) >= 3, got.comments
     # Progress from the estimate: 20 s less the time waking so far.
     assert got.comments[0][1] == ": cold start: waking m, about 20 s left; held 0 s"
     assert len(got.comments) >= 8
@@ -422,6 +428,34 @@ async def test_a_held_stream_whose_wake_times_out_ends_with_an_error_event_and_d
     assert [line for _, line in got.data][-1] == "data: [DONE]"
     error = json.loads(got.data[0][1].removeprefix("data:"))["error"]
     assert error["type"] == "no_replica_ready" and "maxQueueWaitSeconds" in error["message"]
+
+
+async def test_a_held_stream_whose_replica_fails_before_answering_is_held_again_with_comments(warm: Backend) -> None:
+    # The replica that came up fails the request (503 after 1 s) and meanwhile starts draining: the
+    # retry finds no replica and is held again; the comments go on until the bound ends the stream.
+    source = deployment(RoutingSpec(max_queue_wait_seconds=1.0))
+    wake = SlowWake([source], delay_s=0.3, ready=warm)
+    body = completion(stream=True) | {"kvfleet_test": {"hold_s": 1.0, "status": 503}}
+    async with (
+        running_router(source, wake=InProcessWakeSignal(wake), cold_start_comment_interval_s=0.1) as router,
+        aiohttp.ClientSession() as session,
+    ):
+        reading = asyncio.ensure_future(read_stream(session, router.url + "/v1/completions", body))
+        deadline = time.monotonic() + 20
+        while (await asyncio.to_thread(warm.stats))["active"] < 1:
+            assert time.monotonic() < deadline, "the replica never got the request"
+            await asyncio.sleep(0.05)
+        source.mark_draining(MODEL, warm.replica_id)
+        got = await reading
+        assert metric(router, "kvfleet_router_cold_start_holds_total", outcome="served") == 1
+    assert got.status == 200
+    # Comments went on while the replica held the request (0.3-1.3 s) and after its 503, until the
+    # second hold's bound; no token ever came, so no "ready after" comment.
+    assert got.comments[-1][0] > 1.5 and len(got.comments) >= 10
+    assert any("waiting for its first token" in line for _, line in got.comments)
+    assert not any(line.startswith(": cold start: replica ready after") for _, line in got.comments)
+    error = json.loads(got.data[0][1].removeprefix("data:"))["error"]
+    assert error["type"] == "no_replica_ready" and got.data[-1][1] == "data: [DONE]"
 
 
 async def test_comments_off_holds_a_stream_silently_as_before(warm: Backend) -> None:
