@@ -123,3 +123,7 @@ VLLM_MODEL_LABEL = "model_name"
 ROUTER_REQUESTS = "kvfleet_router_requests"
 ROUTER_QUEUE_DEPTH = "kvfleet_router_queue_depth"
 ROUTER_INFLIGHT = "kvfleet_router_inflight"
+
+# --- what a client sees of a request the router held while its model had no ready replica: the
+# seconds it was held before its response head went out (docs/router.md, Held through a cold start).
+COLD_START_HEADER = "X-Kvfleet-Cold-Start"

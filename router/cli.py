@@ -128,6 +128,18 @@ def parse_replicas(values: tuple[str, ...], strategy: str) -> StaticReplicaSourc
     help="Requests held across all models while they have no ready replica; more get 429 [default: 2000].",
 )
 @click.option(
+    "--cold-start-comments/--no-cold-start-comments",
+    default=None,
+    help="Send held streams an SSE comment every interval while their model wakes, so proxies do not time "
+    "them out [default: on].",
+)
+@click.option(
+    "--cold-start-comment-interval-s",
+    type=float,
+    default=None,
+    help="Seconds between two cold-start comments; the first is sent at once [default: 1].",
+)
+@click.option(
     "--client-namespace-header",
     default=None,
     help="Client scoping: the header (set by the authenticating gateway) naming the client's namespace; "
@@ -190,6 +202,8 @@ def serve(
     placement: bool | None,
     load_bound_slack_requests: int | None,
     max_held_requests: int | None,
+    cold_start_comments: bool | None,
+    cold_start_comment_interval_s: float | None,
     client_namespace_header: str | None,
     shared_namespaces: tuple[str, ...],
     kv_events_port: int | None,
@@ -213,6 +227,8 @@ def serve(
             "placement": placement,
             "load_bound_slack_requests": load_bound_slack_requests,
             "max_held_requests": max_held_requests,
+            "cold_start_comments": cold_start_comments,
+            "cold_start_comment_interval_s": cold_start_comment_interval_s,
             "client_namespace_header": client_namespace_header,
             "shared_namespaces": shared_namespaces or None,
             "kv_events_port": kv_events_port,

@@ -17,6 +17,8 @@ class RouterError(Exception):
         self.reason = reason
         self.retry_after_s = retry_after_s
         self.param = param
+        # Seconds the request was held waiting for a replica (its answer's X-Kvfleet-Cold-Start); None: not held.
+        self.held_s: float | None = None
 
 
 class BadRequestError(RouterError):
@@ -68,6 +70,15 @@ class QueueTimeoutError(RouterError):
     status = 503
     kind = "no_replica_ready"
     code = "no_replica_ready"
+
+
+class ColdStartingError(RouterError):
+    """The model has no ready replica and its wake is expected to take longer than the request may be
+    held (a request that cannot be sent progress): 503 at once, with Retry-After from the estimate."""
+
+    status = 503
+    kind = "model_starting"
+    code = "model_starting"
 
 
 class UpstreamError(RouterError):

@@ -51,6 +51,9 @@ class _Model:
     replicas: dict[str, ReplicaLoad] = field(default_factory=dict)
     peers: PeerLoads = field(default_factory=PeerLoads)  # the other routers' reported counts (peer_load.py)
     first_seen_unix_s: int = field(default_factory=lambda: int(time.time()))
+    # When a request first found no replica taking requests (the wake began), on the fleet's clock;
+    # None while one does. Subtracted from the cold-start estimate: what a held client is told is left.
+    waking_since_s: float | None = None
 
 
 class Fleet:
@@ -162,6 +165,7 @@ class Fleet:
             self._apply_endpoints(model, view.endpoints)
             self._tokenizers.offer(view)  # fetched from a replica where none is mounted (tokenizer_fetch.py)
             if any(not r.endpoint.draining for r in model.replicas.values()):
+                model.waking_since_s = None
                 model.queue.release_all()
         self.applied.set()
 
@@ -338,6 +342,8 @@ class Fleet:
             if lease is not None:
                 return lease
             # No replica takes new requests (none yet, or all draining): hold the request, wake the autoscaler.
+            if model.waking_since_s is None:
+                model.waking_since_s = now_s
             self._waker.start(model.view.key, self._needs_wake)
             self._metrics.queue_depth.labels(*model.view.labels).set(len(model.queue) + 1)
             try:
@@ -345,6 +351,20 @@ class Fleet:
             finally:
                 self._metrics.queue_depth.labels(*model.view.labels).set(len(model.queue))
             model = self._require(model.view.key)
+
+    def cold_start(self, model_name: str) -> tuple[DeploymentView, float]:
+        """The model's view (its ``cold_start``) and how long it has been waking (0 when it is not)."""
+        model = self._require(model_name)
+        since = model.waking_since_s
+        return model.view, 0.0 if since is None else max(0.0, self._clock() - since)
+
+    def wake_once(self, model_name: str) -> None:
+        """Send the model's wake signal once without holding a request (one answered 503 at once still
+        wakes the deployment for its retry); the wake's clock starts now if it has not."""
+        model = self._require(model_name)
+        if model.waking_since_s is None:
+            model.waking_since_s = self._clock()
+        self._waker.once(model.view.key, model.view.namespace, model.view.name)
 
     def _lease(self, model: _Model, pick: Pick, request: PickRequest) -> ReplicaLease:
         replica = model.replicas[pick.replica_id]

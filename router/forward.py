@@ -10,11 +10,14 @@ router's answer in one place, ``upstream_failure``, by the phase it happened in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from kvfleet.router.cold_hold import ColdStartHold, Held
+from kvfleet.router.cold_start import ready_comment
 from kvfleet.router.errors import (
     GatewayTimeoutError,
     RouterError,
@@ -47,6 +50,8 @@ log = logging.getLogger("kvfleet.router.proxy")
 # First wait before retrying on a replica that already failed this request; doubles per attempt.
 RETRY_BACKOFF_S = 0.25
 _SSE = "text/event-stream"
+# A replica's error answer to a held stream is passed on as an event of at most this much of its body.
+_MAX_ERROR_BODY_BYTES = 64 * 1024
 _NONE_TRIED: frozenset[str] = frozenset()
 
 # Where a request was when talking to its replica failed (the label of kvfleet_router_upstream_timeouts).
@@ -110,6 +115,7 @@ class Forwarder:
         self._metrics = metrics
         self._upstream = upstream
         self._clock = clock
+        self._hold = ColdStartHold(settings, fleet, metrics, clock)
 
     async def forward(
         self,
@@ -124,51 +130,88 @@ class Forwarder:
         headers = forward_headers(request)
         tried: set[str] = set()
         failures: list[str] = []
-        for attempt in range(self._settings.max_attempts):
-            exclude = frozenset(tried) if tried else _NONE_TRIED
-            # The common case picks without a coroutine; ``acquire`` holds the request while there is no replica.
-            lease = self._fleet.try_acquire(model, hashes, exclude) or await self._fleet.acquire(model, hashes, exclude)
-            if attempt:
-                self._metrics.retries.inc(key_labels(model))
-            relay: _Relay | None = None
-            try:
-                with lease:
-                    if attempt and lease.replica_id in tried:
-                        # Only replicas that just failed are left (one died and the source has not dropped it
-                        # yet): back off a little so the retry does not land in the same instant.
-                        await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
-                    upstream = self._upstream.send_nowait(
-                        lease.url, request.path_qs, headers, request.body
-                    ) or await self._send(model, lease, request.path_qs, request.body, headers)
-                    with upstream:
-                        first = await self._first_bytes(model, lease, upstream)
-                        if upstream.at_eof() and upstream.content_type != _SSE:
-                            self._relay_whole(responder, model, lease.replica_id, upstream, first, started_s)
-                            return upstream.status
-                        resume = None
-                        if (
-                            body.get("stream") is True
-                            and upstream.status == 200
-                            and self._settings.stream_migration_attempts
-                        ):
-                            resume = _Resume(request, body, headers, hashes, tried)
-                        relay = self._start_relay(responder, model, lease.replica_id, upstream, started_s, resume)
-                        await self._pump(responder, model, lease.replica_id, upstream, first, relay, None)
-            except UpstreamAttemptError as e:
-                tried.add(e.replica_id)
-                failures.append(str(e))
-                continue
-            except StreamBrokenError as e:
-                assert relay is not None  # only the relay raises it
-                await self._after_break(responder, model, relay, e)
+        held: Held | None = None
+        try:
+            for attempt in range(self._settings.max_attempts):
+                exclude = frozenset(tried) if tried else _NONE_TRIED
+                # The common case picks without a coroutine; a request that finds no replica is held (cold_hold.py).
+                lease = self._fleet.try_acquire(model, hashes, exclude)
+                if lease is None:
+                    if held is None:
+                        lease, held = await self._hold.hold(responder, model, body, hashes, exclude)
+                    else:  # held once already, and its replica failed: held again (comments go on)
+                        lease = await self._hold.again(responder, model, hashes, exclude, held)
+                if attempt:
+                    self._metrics.retries.inc(key_labels(model))
+                relay: _Relay | None = None
+                # A held stream's comments go on until its replica's first token (cancelled right then).
+                ticking = self._hold.until_first_token(responder, model, held) if held is not None else None
+                try:
+                    with lease:
+                        if attempt and lease.replica_id in tried:
+                            # Only replicas that just failed are left (one died and the source has not dropped it
+                            # yet): back off a little so the retry does not land in the same instant.
+                            await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+                        upstream = self._upstream.send_nowait(
+                            lease.url, request.path_qs, headers, request.body
+                        ) or await self._send(model, lease, request.path_qs, request.body, headers)
+                        with upstream:
+                            first = await self._first_bytes(model, lease, upstream)
+                            if ticking is not None:
+                                ticking.cancel()
+                            committed = held is not None and held.committed
+                            if committed and (upstream.status != 200 or upstream.content_type != _SSE):
+                                await self._answer_as_event(responder, lease.replica_id, upstream, first)
+                                return upstream.status
+                            held_line = held.header_line() if held is not None else b""
+                            if upstream.at_eof() and upstream.content_type != _SSE:
+                                self._relay_whole(
+                                    responder, model, lease.replica_id, upstream, first, started_s, held_line
+                                )
+                                return upstream.status
+                            resume = None
+                            if (
+                                body.get("stream") is True
+                                and upstream.status == 200
+                                and self._settings.stream_migration_attempts
+                            ):
+                                resume = _Resume(request, body, headers, hashes, tried)
+                            relay = self._start_relay(
+                                responder, model, lease.replica_id, upstream, started_s, resume, held_line, committed
+                            )
+                            if committed:
+                                assert held is not None
+                                # The last comment, then the first token: no comment follows it.
+                                await responder.write(ready_comment(held.held_s))
+                            await self._pump(responder, model, lease.replica_id, upstream, first, relay, None)
+                except UpstreamAttemptError as e:
+                    tried.add(e.replica_id)
+                    failures.append(str(e))
+                    continue
+                except StreamBrokenError as e:
+                    assert relay is not None  # only the relay raises it
+                    await self._after_break(responder, model, relay, e)
+                    return upstream.status
+                finally:
+                    if ticking is not None:
+                        ticking.cancel()
+                if relay.splitter is not None and (rest := relay.splitter.flush()):
+                    await responder.write(rest)
+                responder.end()
                 return upstream.status
-            if relay.splitter is not None and (rest := relay.splitter.flush()):
-                await responder.write(rest)
+            error = UpstreamError(
+                f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
+            )
+            error.held_s = held.held_s if held is not None else None
+            raise error
+        except RouterError as e:
+            if not responder.started or responder.finished:
+                raise
+            # A held stream's head went out with its cold-start comments: the error can only be an event.
+            await responder.write(error_event(e.reason, kind=e.kind))
+            await responder.write(b"data: [DONE]\n\n")
             responder.end()
-            return upstream.status
-        raise UpstreamError(
-            f"model {model!r}: {len(failures)} attempts failed before any response byte: " + "; ".join(failures)
-        )
+            return e.status
 
     # -- one attempt ---------------------------------------------------------------------------
 
@@ -215,9 +258,10 @@ class Forwarder:
         upstream: UpstreamResponse,
         first: bytes,
         started_s: float,
+        held_line: bytes = b"",
     ) -> None:
         """The whole body came in the first read (the usual non-streaming answer): one write, no coroutine."""
-        headers = response_header_lines(upstream, replica_id)
+        headers = response_header_lines(upstream, replica_id) + held_line
         responder.send(upstream.status, (), first, reason=upstream.reason, raw_headers=headers)
         self._metrics.ttft.observe(key_labels(model), self._clock() - started_s)
 
@@ -229,16 +273,43 @@ class Forwarder:
         upstream: UpstreamResponse,
         started_s: float,
         resume: _Resume | None,
+        held_line: bytes = b"",
+        committed: bool = False,
     ) -> _Relay:
-        """Send the answer's head to the client: the request is committed now."""
+        """Send the answer's head to the client (unless a held stream's went out already): the request
+        is committed now."""
         is_sse = upstream.content_type == _SSE
-        headers = response_header_lines(upstream, replica_id)
-        length = upstream.content_length if not is_sse else None
-        responder.start(upstream.status, (), content_length=length, reason=upstream.reason, raw_headers=headers)
+        if not committed:
+            headers = response_header_lines(upstream, replica_id) + held_line
+            length = upstream.content_length if not is_sse else None
+            responder.start(upstream.status, (), content_length=length, reason=upstream.reason, raw_headers=headers)
         self._metrics.ttft.observe(key_labels(model), self._clock() - started_s)
         splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
         sent: list[bytes] | None = [] if resume is not None and splitter is not None else None
         return _Relay(splitter, sent, resume)
+
+    async def _answer_as_event(
+        self, responder: Responder, replica_id: str, upstream: UpstreamResponse, first: bytes
+    ) -> None:
+        """A held stream (200 sent with its comments) whose replica answered other than a 200 stream (a 400
+        for a bad parameter, say): the replica's error, bounded, as an error event, then ``[DONE]``."""
+        body = first
+        try:
+            while len(body) < _MAX_ERROR_BODY_BYTES and (more := await upstream.readany()):
+                body += more
+        except UpstreamIOError as e:
+            log.warning("replica %s broke its error answer to a held stream: %r", replica_id, e)
+        payload = None
+        with contextlib.suppress(ValueError):  # not JSON: passed on as text
+            payload = json.loads(body[:_MAX_ERROR_BODY_BYTES])
+        if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+            await responder.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        else:
+            text = body[:512].decode("utf-8", "replace")
+            why = f"replica {replica_id} answered {upstream.status}: {text}"
+            await responder.write(error_event(why, kind="upstream_error"))
+        await responder.write(b"data: [DONE]\n\n")
+        responder.end()
 
     async def _pump(
         self,

@@ -25,6 +25,7 @@ from kvfleet.kube import KubeClient, Ref
 from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS
 from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchCollector, WatchSettings
+from kvfleet.router.cold_start import NO_COLD_START, ColdStart, cold_start_of
 from kvfleet.router.replicas import DeploymentView, Endpoint, FleetSink, NameConflict, Snapshot, resolve_claims
 from kvfleet.served_names import created_unix_s
 from kvfleet.spec import InferenceDeploymentSpec, RoutingSpec
@@ -105,6 +106,7 @@ class ServedDeployment:
     served_name: str
     routing: RoutingSpec
     created_unix_s: int | None = None
+    cold_start: ColdStart = NO_COLD_START
 
 
 def served_deployment(key: ObjectKey, obj: Mapping[str, Any]) -> ServedDeployment | None:
@@ -114,7 +116,11 @@ def served_deployment(key: ObjectKey, obj: Mapping[str, Any]) -> ServedDeploymen
     except ValidationError as e:
         log.warning("ignoring InferenceDeployment %s/%s with an invalid spec: %s", *key, e)
         return None
-    return ServedDeployment(spec.served_name(key[1]), spec.routing, created_unix_s(obj))
+    # The cold start comes with the object the router watches anyway (docs/router.md, "Held through a
+    # cold start"): no launcher to reach, no NetworkPolicy to open.
+    estimate_s = spec.autoscaling.cold_start_seconds if spec.autoscaling is not None else None
+    cold = cold_start_of(obj, estimate_s)
+    return ServedDeployment(spec.served_name(key[1]), spec.routing, created_unix_s(obj), cold)
 
 
 def slice_owner(key: ObjectKey, slice_obj: Mapping[str, Any]) -> ObjectKey | None:
@@ -134,7 +140,9 @@ def merge_endpoints(slices: Mapping[ObjectKey, list[Endpoint]]) -> tuple[Endpoin
 
 
 def view_of(key: ObjectKey, served: ServedDeployment, endpoints: tuple[Endpoint, ...]) -> DeploymentView:
-    return DeploymentView(served.served_name, key[0], key[1], served.routing, endpoints, served.created_unix_s)
+    return DeploymentView(
+        served.served_name, key[0], key[1], served.routing, endpoints, served.created_unix_s, served.cold_start
+    )
 
 
 def assemble(views: Mapping[ObjectKey, DeploymentView]) -> dict[str, DeploymentView]:

@@ -179,7 +179,28 @@ class RouterMetrics:
             "router's temporary folder refused the files), error.",
             ["namespace", "model", "outcome"],
         )
+        self.cold_start_holds = CounterSeries(
+            "kvfleet_router_cold_start_holds",
+            "Requests held while their model had no ready replica, by outcome: served (a replica took it), "
+            "timeout (none within routing.maxQueueWaitSeconds), refused (503 at once: the wake's estimate exceeds "
+            "the hold bound), client_gone (the client left while held), gone (the model was removed).",
+            ["namespace", "model", "outcome"],
+        )
+        self.cold_start_hold_time = HistogramSeries(
+            "kvfleet_router_cold_start_hold_seconds",
+            "Time a request was held waiting for a replica, whatever the outcome but refused (answered at once).",
+            ["namespace", "model"],
+            TTFT_BUCKETS_S,
+        )
+        self.cold_start_comments = CounterSeries(
+            "kvfleet_router_cold_start_comments",
+            "SSE comment lines sent to held streams while their model woke (cold_start_comments).",
+            ["namespace", "model"],
+        )
         self._series: list[CounterSeries | HistogramSeries] = [
+            self.cold_start_holds,
+            self.cold_start_hold_time,
+            self.cold_start_comments,
             self.tokenizer_fetches,
             self.kv_event_batches,
             self.kv_event_replays,

@@ -15,6 +15,7 @@ from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from kvfleet.contracts import COLD_START_HEADER
 from kvfleet.openai_shape import error_body, method_not_allowed_body, model_object, not_found_body
 from kvfleet.router.errors import (
     BadRequestError,
@@ -59,6 +60,8 @@ def send_json(responder: Responder, status: int, obj: object, extra: Headers = (
 
 def send_error(responder: Responder, error: RouterError) -> None:
     extra = [("Retry-After", str(error.retry_after_s))] if error.retry_after_s is not None else []
+    if error.held_s is not None:
+        extra.append((COLD_START_HEADER, f"{error.held_s:.3f}"))
     body = error_body(error.reason, error.kind, param=error.param, code=error.code)
     send_json(responder, error.status, body, extra)
 

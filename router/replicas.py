@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from kvfleet.router.cold_start import NO_COLD_START, ColdStart
 from kvfleet.served_names import claim_order
 from kvfleet.spec import RoutingSpec
 
@@ -59,6 +60,8 @@ class DeploymentView:
     # where the source knows it): the model object's ``created``, and who keeps a served name two
     # deployments claim (the older). None: the router's first sight.
     created_unix_s: int | None = None
+    # Its cold start as discovery states it (estimate, pull progress): what a held client is told.
+    cold_start: ColdStart = NO_COLD_START
 
     @property
     def key(self) -> str:
@@ -152,6 +155,7 @@ class StaticReplicaSource:
         routing: RoutingSpec | None = None,
         namespace: str = "default",
         name: str | None = None,
+        cold_start: ColdStart | None = None,
     ) -> None:
         """Declare (or update) a served model; its replicas are kept."""
         current = self._deployments.get(served_name)
@@ -161,6 +165,7 @@ class StaticReplicaSource:
             name=name or served_name,
             routing=routing or (current.routing if current else RoutingSpec()),
             endpoints=current.endpoints if current else (),
+            cold_start=cold_start or (current.cold_start if current else NO_COLD_START),
         )
         self._publish()
 

@@ -331,6 +331,25 @@ class RouterSettings(BaseModel):
     retry_after_s: int = Field(
         default=2, ge=1, le=3600, description="Retry-After sent with 429 (queue full) and 503 (no replica)."
     )
+    cold_start_comments: bool = Field(
+        default=True,
+        description=(
+            "A streamed request held while its model has no ready replica gets its response head at once and an "
+            "SSE comment line (': cold start: ...') every cold_start_comment_interval_s, so proxies and load "
+            "balancers in front (nginx's proxy_read_timeout 60 s, an AWS ALB's idle timeout 60 s) see traffic "
+            "and do not answer 504 while the model wakes (docs/router.md, Held through a cold start). Off: held "
+            "streams get nothing until the first token, as non-streamed requests do."
+        ),
+    )
+    cold_start_comment_interval_s: float = Field(
+        default=1.0,
+        ge=0.05,
+        le=60,
+        description=(
+            "Seconds between two cold-start comments (the first is sent at once). Well under the shortest idle "
+            "timeout between client and router; each comment is ~60-100 bytes."
+        ),
+    )
     sse_max_pending_bytes: int = Field(
         default=1024 * 1024,
         ge=1024,

@@ -108,6 +108,20 @@ class WakeRepeater:
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._single: dict[str, asyncio.Task[None]] = {}  # one-shot signals, at most one in flight per key
+
+    def once(self, key: str, namespace: str, name: str) -> None:
+        """Send the signal once, in the background, unless one for ``key`` is already on its way."""
+        task = self._single.get(key)
+        if task is not None and not task.done():
+            return
+        self._single[key] = asyncio.get_running_loop().create_task(self._send(namespace, name))
+
+    async def _send(self, namespace: str, name: str) -> None:
+        try:
+            await asyncio.wait_for(self._signal.wake(namespace, name), self._timeout_s)
+        except (WakeError, TimeoutError) as e:
+            log.warning("wake signal for %s/%s failed: %s", namespace, name, e)
 
     def start(self, key: str, needed: Callable[[str], tuple[str, str] | None]) -> None:
         """Start repeating for ``key`` unless already; ``needed`` gives its (namespace, name) or None to stop."""
@@ -119,16 +133,13 @@ class WakeRepeater:
     async def _repeat(self, key: str, needed: Callable[[str], tuple[str, str] | None]) -> None:
         await asyncio.sleep(0)  # let the request that started this enter the queue
         while (target := needed(key)) is not None:
-            namespace, name = target
-            try:
-                await asyncio.wait_for(self._signal.wake(namespace, name), self._timeout_s)
-            except (WakeError, TimeoutError) as e:
-                log.warning("wake signal for %s/%s failed: %s", namespace, name, e)
+            await self._send(*target)
             await asyncio.sleep(self._interval_s)
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._single.values()]
         self._tasks.clear()
+        self._single.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -62,6 +62,13 @@ async def run_until_signalled(
             soft_wrap=True,  # one line, so it can be copied and pasted as is
             markup=False,
         )
+        console.print(
+            f"  streamed, with the cold start's progress from zero: curl -N {runtime.router.url}/v1/completions "
+            f"-H 'Content-Type: application/json' "
+            f'-d \'{{"model": "{model}", "prompt": "Hello", "max_tokens": 16, "stream": true}}\'',
+            soft_wrap=True,
+            markup=False,
+        )
         console.print("  Ctrl-C drains and stops everything; a second Ctrl-C kills at once.")
         if view:
             with Live(render_status(runtime.status()), console=console, auto_refresh=False) as live:

@@ -36,6 +36,7 @@ from kvfleet.local.settings import LocalSettings, for_longest_request
 from kvfleet.local.status import DeploymentStatus, LocalStatus, ReplicaStatus, status_app, write_endpoint_file
 from kvfleet.manifests import load_deployments
 from kvfleet.resource import InferenceDeployment
+from kvfleet.router.cold_start import ColdStart
 from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings
@@ -125,7 +126,11 @@ class LocalRuntime:
         self._session = aiohttp.ClientSession()
         try:
             for d in self.deployments:
-                self.source.set_deployment(d.served_name, routing=d.spec.routing, namespace=d.namespace, name=d.name)
+                # The spec's estimate is what a held client is told is left (router/cold_start.py).
+                estimate = ColdStart(d.spec.autoscaling.cold_start_seconds) if d.spec.autoscaling else None
+                self.source.set_deployment(
+                    d.served_name, routing=d.spec.routing, namespace=d.namespace, name=d.name, cold_start=estimate
+                )
             try:
                 await self.router.start()
             except OSError as e:

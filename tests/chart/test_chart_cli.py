@@ -65,6 +65,7 @@ def build_settings(component: str, params: dict[str, Any]) -> object:
         assert params["kubernetes"] and not params["replicas"], "the chart's router discovers replicas in Kubernetes"
         keys = ("host", "port", "placement", "load_bound_slack_requests", "max_held_requests")
         keys += ("kv_events_port", "kv_events_announced_only", "kv_events_fetch_tokenizers")
+        keys += ("cold_start_comments", "cold_start_comment_interval_s")
         overrides = {k: params[k] for k in keys}
         overrides["client_namespace_header"] = params["client_namespace_header"]
         overrides["shared_namespaces"] = params["shared_namespaces"] or None
@@ -135,6 +136,17 @@ def test_router_placement_values_reach_its_settings(placement: bool, slack: int,
     assert isinstance(settings, RouterSettings)
     assert (settings.placement, settings.load_bound_slack_requests) == (placement, slack)
     assert settings.max_held_requests == held
+
+
+@pytest.mark.parametrize(("comments", "interval_s"), [(True, 1), (False, 0.25)])
+def test_router_cold_start_values_reach_its_settings(comments: bool, interval_s: float) -> None:
+    values = {"coldStart": {"comments": comments, "commentIntervalSeconds": interval_s}}
+    docs = objects(render({"router": values}))
+    spec = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
+    _, params, _ = parse(spec["spec"]["template"]["spec"]["containers"][0]["args"])
+    settings = build_settings("router", params)
+    assert isinstance(settings, RouterSettings)
+    assert (settings.cold_start_comments, settings.cold_start_comment_interval_s) == (comments, interval_s)
 
 
 def test_router_client_scoping_values_reach_its_settings() -> None:

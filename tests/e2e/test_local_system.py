@@ -112,8 +112,15 @@ class Outcomes:
 
 
 async def send(
-    session: aiohttp.ClientSession, base: str, model: str, prompt: str, outcomes: Outcomes, max_tokens: int = 8
+    session: aiohttp.ClientSession,
+    base: str,
+    model: str,
+    prompt: str,
+    outcomes: Outcomes,
+    max_tokens: int = 8,
+    comments: list[str] | None = None,
 ) -> None:
+    """One streamed request; ``comments`` (when given) collects the SSE comment lines it was sent."""
     outcomes.sent += 1
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}
     try:
@@ -127,6 +134,8 @@ async def send(
             done = False
             async for raw in response.content:
                 line = raw.decode().strip()
+                if line.startswith(":") and comments is not None:
+                    comments.append(line)
                 if line == "data: [DONE]":
                     done = True
                 elif line.startswith("data: ") and '"error"' in line:
@@ -182,10 +191,16 @@ async def test_scale_from_zero_holds_the_request_and_serves_it(tmp_path: Path, t
         processes = runtime.runs["tiny"].processes
         assert not processes.replicas  # at zero before the request
         outcomes = Outcomes()
-        await send(session, runtime.router.url, "tiny", "Hello there", outcomes)
+        comments: list[str] = []
+        await send(session, runtime.router.url, "tiny", "Hello there", outcomes, comments=comments)
         outcomes.check_accounted()
         assert outcomes.answered == 1 and not outcomes.failed, outcomes
         assert processes.count("ready") == 1
+        # Held while the engine started, the stream was sent the cold start's progress (the spec's
+        # 5 s estimate), about one comment a second, then how long it was held.
+        assert comments[0] == ": cold start: waking tiny, about 5 s left; held 0 s", comments
+        assert comments[-1].startswith(": cold start: replica ready after"), comments
+        assert len(comments) >= 3, comments
         assert any("wake" in e for e in processes.events), list(processes.events)
 
 

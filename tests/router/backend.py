@@ -56,7 +56,14 @@ def main() -> None:
                     assert request.transport is not None
                     request.transport.abort()
                     return response
-                event = {"id": "cmpl-1", "replica": args.replica_id, "choices": [{"index": 0, "text": word}]}
+                event = {
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "replica": args.replica_id,
+                    "choices": [{"index": 0, "text": word, "finish_reason": None}],
+                }
                 await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 if knobs.get("delay_s"):
                     await asyncio.sleep(knobs["delay_s"])

@@ -141,6 +141,14 @@ async def test_served_from_zero_replicas_then_a_new_deployment_appears(k8s_url: 
             await kube(session, "POST", k8s_url + IDS.format(ns="b"), deployment("qwen", ns="b"))
             await until(lambda: "qwen" in recorder.last)
             assert recorder.last["qwen"].endpoints == ()  # known model with no replica: the activator holds
+            # The operator writes the pull's progress into status: held clients are told it (cold_hold.py).
+            pulling = "0/1 replicas updated; pulling 42% (58/140 GB), 1.20 GB/s, 1m08s left"
+            progressing = {"type": "Progressing", "status": "True", "reason": "ScalingUp", "message": pulling}
+            patch = {"status": {"measuredColdStartSeconds": 95.5, "conditions": [progressing]}}
+            await kube(session, "PATCH", k8s_url + IDS.format(ns="b") + "/qwen/status", patch)
+            await until(lambda: recorder.last["qwen"].cold_start.progress is not None)
+            cold = recorder.last["qwen"].cold_start
+            assert (cold.estimate_s, cold.progress_eta_s) == (95.5, 68.0) and cold.progress == pulling.split("; ")[1]
     finally:
         await source.stop()
 
