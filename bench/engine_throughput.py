@@ -586,12 +586,13 @@ def step_markdown(step: dict[str, Any]) -> list[str]:
             f"machine is shared (load average {host['load_before']}). `baseline` is the engine before uniform "
             "steps (variable-length attention only, sampling read back row by row).",
             "",
-            "| device | engine | decode step @1 | decode step @32 |",
-            "|---|---|---|---|",
+            "| device | engine | decode step @1: wall | CPU time | decode step @32: wall | CPU time |",
+            "|---|---|---|---|---|---|",
         ]
         for name, row in m.items():
             lines.append(
-                f"| cpu | {name} | {row['decode_step_s@1'] * 1e3:.3f} ms | {row['decode_step_s@32'] * 1e3:.3f} ms |"
+                f"| cpu | {name} | {row['decode_step_s@1'] * 1e3:.3f} ms | {row['decode_step_cpu_s@1'] * 1e3:.3f} ms "
+                f"| {row['decode_step_s@32'] * 1e3:.3f} ms | {row['decode_step_cpu_s@32'] * 1e3:.3f} ms |"
             )
         lines.append("")
     prof = step.get("cuda_profile")

@@ -104,6 +104,16 @@ def pack_uniform(
         rows[i] = base + n - 1
 
 
+def causal_mask(batch: UniformBatch, group: int, block_size: int) -> torch.Tensor:
+    """``[B, 1, Q*G, ctx]``, True = attend: query row (i, g) sits at ``positions[i]`` and sees keys
+    ``0..positions[i]``. Built once per step on the device, shared by every layer."""
+    b, qn, w = batch.shape.batch, batch.shape.query, batch.shape.width_blocks
+    ctx = w * block_size
+    qpos = batch.positions.view(b, qn, 1).expand(b, qn, group).reshape(b, 1, qn * group, 1)
+    keys = torch.arange(ctx, device=qpos.device).view(1, 1, 1, ctx)
+    return keys <= qpos
+
+
 def block_table_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -112,12 +122,13 @@ def block_table_attention(
     v_pool: torch.Tensor,
     batch: UniformBatch,
     block_size: int,
+    mask: torch.Tensor,
 ) -> torch.Tensor:
     """Write the step's K/V into the pool, then attend each sequence over its block table.
 
     q: ``[rows, H, D]``; k, v: ``[rows, KVH, D]``; pools: ``[slots, KVH, D]``. Returns
-    ``[rows, H * D]``. Grouped-query heads are folded into the query axis (``[B, KVH, Q*G, D]``),
-    so K/V are read once per KV head, never repeated per query head.
+    ``[rows, H * D]``; ``mask`` is :func:`causal_mask`. Grouped-query heads are folded into the
+    query axis (``[B, KVH, Q*G, D]``), so K/V are read once per KV head, never repeated per head.
     """
     k_pool.index_copy_(0, batch.slot_mapping, k)
     v_pool.index_copy_(0, batch.slot_mapping, v)
@@ -131,9 +142,5 @@ def block_table_attention(
     kt = blocks_k.view(b, ctx, kv_heads, head_dim).transpose(1, 2)  # [B, KVH, ctx, D]
     vt = blocks_v.view(b, ctx, kv_heads, head_dim).transpose(1, 2)
     qg = q.view(b, qn, kv_heads, group, head_dim).permute(0, 2, 1, 3, 4).reshape(b, kv_heads, qn * group, head_dim)
-    # Query row (i, g) sits at positions[i] and sees keys 0..positions[i].
-    qpos = batch.positions.view(b, qn, 1).expand(b, qn, group).reshape(b, 1, qn * group, 1)
-    keys = torch.arange(ctx, device=q.device).view(1, 1, 1, ctx)
-    mask = keys <= qpos  # [B, 1, Q*G, ctx], True = attend
     out = F.scaled_dot_product_attention(qg, kt, vt, attn_mask=mask)  # [B, KVH, Q*G, D]
     return out.view(b, kv_heads, qn, group, head_dim).permute(0, 2, 1, 3, 4).reshape(rows, heads * head_dim)

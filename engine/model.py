@@ -7,6 +7,7 @@ attention and SwiGLU follow transformers' Llama so the same checkpoint gives the
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kvfleet.engine.block_table_attention import UniformBatch, block_table_attention
+from kvfleet.engine.block_table_attention import UniformBatch, block_table_attention, causal_mask
 from kvfleet.engine.errors import ModelLoadError
 from kvfleet.engine.forward_pieces import EagerPieces, ForwardPieces
 from kvfleet.engine.model_config import ModelConfig, RopeScaling, load_model_config
@@ -124,6 +125,8 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, k_pools: torch.Tensor, v_pools: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":  # the backend choice matters on CUDA only; skip its cost
+            return self._forward_varlen(batch, k_pools, v_pools)
         with sdpa_kernel(_SDPA_BACKENDS):
             return self._forward_varlen(batch, k_pools, v_pools)
 
@@ -144,12 +147,14 @@ class LlamaModel:
         cos = self.cos.index_select(0, positions).unsqueeze(1)
         sin = self.sin.index_select(0, positions).unsqueeze(1)
         h = self.embed.index_select(0, token_ids)
-        with sdpa_kernel(_SDPA_BACKENDS):
+        c = self.config
+        mask = causal_mask(batch, c.num_attention_heads // c.num_key_value_heads, block_size)
+        with sdpa_kernel(_SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext():
             for i, layer in enumerate(self.layers):
                 q, k, v = pieces.attn_in(h, layer.input_norm, layer.qkv_weight, layer.qkv_bias, cos, sin)
                 if padded != rows:
                     q, k, v = q[:rows], k[:rows], v[:rows]
-                attn = block_table_attention(q, k, v, k_pools[i], v_pools[i], batch, block_size)
+                attn = block_table_attention(q, k, v, k_pools[i], v_pools[i], batch, block_size, mask)
                 if padded != rows:
                     attn = F.pad(attn, (0, 0, 0, padded - rows))
                 h = pieces.attn_out_mlp(

@@ -20,6 +20,7 @@ from kvfleet.engine.block_table_attention import (
     UniformBatch,
     UniformChunk,
     block_table_attention,
+    causal_mask,
     flat_len,
     pack_uniform,
 )
@@ -115,7 +116,7 @@ def test_block_table_attention_matches_the_variable_length_path() -> None:
     qu, ku, vu = (torch.zeros(shape.rows, *x.shape[1:]) for x in (q, k, v))
     qu[order], ku[order], vu[order] = q, k, v
     kp, vp = pools()
-    got = block_table_attention(qu, ku, vu, kp, vp, batch, bs)
+    got = block_table_attention(qu, ku, vu, kp, vp, batch, bs, causal_mask(batch, heads // kv_heads, bs))
     torch.testing.assert_close(got[order], expected, rtol=1e-5, atol=1e-5)
     real_slots = torch.cat(slot_rows)
     torch.testing.assert_close(kp[real_slots], expected_pool[real_slots])
