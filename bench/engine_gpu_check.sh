@@ -5,12 +5,13 @@
 #   2. bench/engine_throughput.py at a 16 x 2048 random Llama in bfloat16 against transformers'
 #      batched generate, in the same process;
 #   3. bench/engine_step.py profile: a decode step's wall time vs its GPU busy time.
-# Results go under $OUT (default ./gpu-out): run.log, bench/engine.{json,md,png} (the CPU figures
-# of docs/benchmarks/engine.json kept beside the GPU ones) and a profiler trace.
+# Results go under $OUT (default /tmp/kvfleet-gpu-out): run.log, bench/engine.{json,md,png} (the CPU figures
+# of docs/benchmarks/engine.json kept beside the GPU ones; copy them back into docs/benchmarks/) and a
+# profiler trace of 10 decode steps at batch 32.
 # Needs torch with CUDA and transformers; the engine itself must be importable (installed or on
 # PYTHONPATH).
 set -u
-OUT=${OUT:-$PWD/gpu-out}
+OUT=${OUT:-/tmp/kvfleet-gpu-out}
 mkdir -p "$OUT/bench"
 cp docs/benchmarks/engine.json "$OUT/bench/engine.json"
 export PYTHONUNBUFFERED=1

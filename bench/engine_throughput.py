@@ -347,23 +347,22 @@ def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[s
 
 def decode_step_s(core: Any, batch_size: int, context_tokens: int) -> float:
     """One decode step of ``batch_size`` sequences with ``context_tokens`` of context each, through
-    the engine's own forward (its KV pools, paged attention, compiled or eager pieces)."""
-    from kvfleet.engine.paged_attention import ForwardBatch, decode_group, slot_table
+    the engine's own decode path (a uniform bucket: its KV pools, block-table attention, compiled or
+    eager pieces, a replayed CUDA graph on CUDA)."""
+    from kvfleet.engine.scheduler import ScheduledChunk
+    from kvfleet.engine.sequence import Sequence
 
     bs = core.settings.block_size_tokens
     blocks = -(-context_tokens // bs)
-    tables = [[b * blocks + j for j in range(blocks)] for b in range(batch_size)]
-    slots = slot_table(tables, bs)
+    chunks = []
+    for b in range(batch_size):
+        seq = Sequence(f"bench-{b}", [300 + b] * context_tokens, SamplingParams(), 0.0)
+        seq.block_table = [b * blocks + j for j in range(blocks)]
+        chunks.append(ScheduledChunk(seq, context_tokens - 1, 1, True))
+    shape = core.runner.uniform_shape(chunks)
     dev = core.model.device
-    batch = ForwardBatch(
-        token_ids=torch.randint(300, core.model.config.vocab_size, (batch_size,), device=dev),
-        positions=torch.full((batch_size,), context_tokens - 1, device=dev),
-        slot_mapping=slots[:, context_tokens - 1].clone().to(dev),
-        groups=(decode_group(slice(0, batch_size), slots, [context_tokens] * batch_size, dev),),
-        logits_rows=torch.arange(batch_size, device=dev),
-    )
     start = time.perf_counter()
-    core.runner.forward(batch)
+    core.runner.forward_uniform(shape, chunks)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return time.perf_counter() - start
@@ -596,6 +595,16 @@ def step_markdown(step: dict[str, Any]) -> list[str]:
             )
         lines.append("")
     prof = step.get("cuda_profile")
+    if host and not prof:
+        lines += [
+            "## Decode step on a GPU: not measured",
+            "",
+            "No GPU machine was lent when these figures were taken. `bench/engine_gpu_check.sh` runs the gpu "
+            "tests, this benchmark with `--device cuda` (16 layers x 2048 hidden, bfloat16, against transformers' "
+            "batched `generate`) and `bench/engine_step.py profile` (wall vs GPU busy time) in one call, and adds "
+            "the card's figures here beside the CPU ones.",
+            "",
+        ]
     if prof:
         lines += [
             f"## Decode step: wall time vs GPU busy time ({prof['device']})",
