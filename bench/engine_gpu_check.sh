@@ -24,16 +24,18 @@ LOG="$OUT/run.log"
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 } >>"$LOG" 2>&1
 # The 0.87 B model is written while the tests run (CPU work, separate cores).
-python3 -c "
+# From /tmp: in the checkout, its kvfleet/ folder would shadow the installed package.
+(cd /tmp && python3 -c "
 from pathlib import Path
 from kvfleet.engine.tiny_model import make_tiny_model
 make_tiny_model(Path('$WORK/llama-16x2048-v32000'), overwrite=True, layers=16, hidden=2048, vocab=32000,
                 heads=8, kv_heads=4, max_position_embeddings=2048)
-print('model written')" >>"$LOG" 2>&1 &
+print('model written')") >>"$LOG" 2>&1 &
 MODEL_PID=$!
 echo "== gpu tests" >>"$LOG"
-timeout "${TESTS_S:-100}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_device.py \
-  -o addopts="--import-mode=importlib -ra" >>"$LOG" 2>&1
+REPO=$PWD
+(cd /tmp && timeout "${TESTS_S:-100}" python3 -m pytest -q -p no:cacheprovider -m gpu -c "$REPO/pyproject.toml" \
+  --rootdir "$REPO" "$REPO/tests/engine/test_device.py" -o addopts="--import-mode=importlib -ra") >>"$LOG" 2>&1
 echo "gpu tests rc=$?" >>"$LOG"
 wait "$MODEL_PID"
 echo "== throughput" >>"$LOG"

@@ -487,10 +487,11 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         "not absolute numbers. Reproduce: `.venv/bin/python bench/engine_throughput.py` (after",
         "`KVFLEET_EXTRAS=test,bench scripts/bootstrap`); raw samples are in engine.json.",
         "",
-        f"Model: random weights, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, float32; "
+        f"Model: random weights, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, float32 on CPU, "
+        "bfloat16 on CUDA (the engine's auto dtype; transformers in the same); "
         f"{args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, greedy; {args.repeats} repeat(s); "
         f"{args.single_requests} requests at concurrency 1; transformers attention: {args.hf_attn}; "
-        f"torch threads {torch.get_num_threads()}; load average before/after: {result['load_before']} / "
+        f"{result['machine']['cpus']} CPUs; load average before/after: {result['load_before']} / "
         f"{result['load_after']}.",
         "",
     ]
