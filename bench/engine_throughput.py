@@ -79,13 +79,15 @@ PAD_ID = 0  # the baseline's padding token: prompts here never use ids below 300
 
 # -- transformers baseline -------------------------------------------------------------------
 class HFBaseline:
-    def __init__(self, model_dir: Path, device: torch.device, attn_implementation: str) -> None:
+    def __init__(
+        self, model_dir: Path, device: torch.device, attn_implementation: str, dtype: torch.dtype = torch.float32
+    ) -> None:
         import transformers
 
         self.device = device
         self.model = (
             transformers.LlamaForCausalLM.from_pretrained(
-                model_dir, dtype=torch.float32, attn_implementation=attn_implementation
+                model_dir, dtype=dtype, attn_implementation=attn_implementation
             )
             .to(device)
             .eval()
@@ -239,14 +241,19 @@ class KvfleetEngine:
 # -- the benchmark ----------------------------------------------------------------------------
 def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[str, Any]:
     vocab = args.vocab
-    kv = KvfleetEngine(model_dir, device, args.max_num_batched_tokens, args.compile)
-    hf = HFBaseline(model_dir, kv.core.model.device, args.hf_attn)
+    extra = {"artifacts_dir": args.artifacts_dir} if args.artifacts_dir else {}
+    kv = KvfleetEngine(model_dir, device, args.max_num_batched_tokens, args.compile, **extra)
+    # The same dtype in both (bfloat16 on CUDA, float32 on CPU: the engine's auto choice).
+    hf = HFBaseline(model_dir, kv.core.model.device, args.hf_attn, kv.core.model.dtype)
     warm = prompts(1, 32, vocab, seed=99)[0]
     hf.generate(warm, 4)
     hf.run_batched([warm, warm], 4)
     kv.run([warm], 4)
 
-    out: dict[str, Any] = {"device": str(kv.core.model.device), "runs": []}
+    name = str(kv.core.model.device)
+    if kv.core.model.device.type == "cuda":
+        name = f"cuda ({torch.cuda.get_device_name(kv.core.model.device)})"  # the card beside every figure
+    out: dict[str, Any] = {"device": name, "runs": []}
 
     def record(r: RunResult, rep: int) -> None:
         out["runs"].append(asdict(r))
@@ -264,7 +271,8 @@ def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[s
     for rep in range(args.repeats):
         batch = prompts(args.concurrency, args.prompt_tokens, vocab, seed=100 + rep)
         record(kv.run(batch, args.new_tokens), rep)
-        record(hf.run(batch, args.new_tokens, concurrency=args.concurrency), rep)
+        if not args.skip_sequential_at_concurrency:
+            record(hf.run(batch, args.new_tokens, concurrency=args.concurrency), rep)
         record(hf.run_batched(batch, args.new_tokens), rep)
 
     summary: dict[str, dict[str, float]] = {}
@@ -307,8 +315,10 @@ def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[s
     )
 
     k1, h1 = summary["kvfleet@1"], summary["transformers@1"]
-    kc, hc = summary[f"kvfleet@{args.concurrency}"], summary[f"transformers@{args.concurrency}"]
     hb = summary[f"transformers-batched@{args.concurrency}"]
+    # Without the sequential baseline at N (--skip-sequential-at-concurrency) its ratios read against
+    # the static batch, the faster baseline there.
+    kc, hc = summary[f"kvfleet@{args.concurrency}"], summary.get(f"transformers@{args.concurrency}", hb)
     p = summary["prefix"]
     out["summary"] = summary
     out["goals"] = {
@@ -329,28 +339,30 @@ def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[s
     g["throughput_met"] = g["throughput_ratio_at_concurrency"] >= 4.0
     g["per_token_met"] = g["per_token_ratio_at_1"] <= 1.5
     g["prefix_met"] = g["prefix_hit_speedup"] >= 5.0
+    # The GPU goals: 2x transformers' static batch at N concurrent, per token no slower at 1.
+    g["batched_2x_met"] = g["throughput_ratio_vs_batched_at_concurrency"] >= 2.0
+    g["per_token_no_slower_met"] = g["per_token_ratio_at_1"] <= 1.0
     return out
 
 
 def decode_step_s(core: Any, batch_size: int, context_tokens: int) -> float:
     """One decode step of ``batch_size`` sequences with ``context_tokens`` of context each, through
-    the engine's own forward (its KV pools, paged attention, compiled or eager pieces)."""
-    from kvfleet.engine.paged_attention import ForwardBatch, decode_group, slot_table
+    the engine's own decode path (a uniform bucket: its KV pools, block-table attention, compiled or
+    eager pieces, a replayed CUDA graph on CUDA)."""
+    from kvfleet.engine.scheduler import ScheduledChunk
+    from kvfleet.engine.sequence import Sequence
 
     bs = core.settings.block_size_tokens
     blocks = -(-context_tokens // bs)
-    tables = [[b * blocks + j for j in range(blocks)] for b in range(batch_size)]
-    slots = slot_table(tables, bs)
+    chunks = []
+    for b in range(batch_size):
+        seq = Sequence(f"bench-{b}", [300 + b] * context_tokens, SamplingParams(), 0.0)
+        seq.block_table = [b * blocks + j for j in range(blocks)]
+        chunks.append(ScheduledChunk(seq, context_tokens - 1, 1, True))
+    shape = core.runner.uniform_shape(chunks)
     dev = core.model.device
-    batch = ForwardBatch(
-        token_ids=torch.randint(300, core.model.config.vocab_size, (batch_size,), device=dev),
-        positions=torch.full((batch_size,), context_tokens - 1, device=dev),
-        slot_mapping=slots[:, context_tokens - 1].clone().to(dev),
-        groups=(decode_group(slice(0, batch_size), slots, [context_tokens] * batch_size, dev),),
-        logits_rows=torch.arange(batch_size, device=dev),
-    )
     start = time.perf_counter()
-    core.runner.forward(batch)
+    core.runner.forward_uniform(shape, chunks)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return time.perf_counter() - start
@@ -475,18 +487,31 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         "not absolute numbers. Reproduce: `.venv/bin/python bench/engine_throughput.py` (after",
         "`KVFLEET_EXTRAS=test,bench scripts/bootstrap`); raw samples are in engine.json.",
         "",
-        f"Model: random weights, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, float32; "
+        f"Model: random weights, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, float32 on CPU, "
+        "bfloat16 on CUDA (the engine's auto dtype; transformers in the same); "
         f"{args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, greedy; {args.repeats} repeat(s); "
         f"{args.single_requests} requests at concurrency 1; transformers attention: {args.hf_attn}; "
-        f"torch threads {torch.get_num_threads()}; load average before/after: {result['load_before']} / "
+        f"{result['machine']['cpus']} CPUs; load average before/after: {result['load_before']} / "
         f"{result['load_after']}.",
         "",
     ]
     for dev in result["devices"]:
-        s, g, c = dev["summary"], dev["goals"], args.concurrency
+        # A device kept from an earlier run (--keep-devices) carries that run's arguments.
+        a = argparse.Namespace(**{**vars(args), **dev["args"]}) if dev.get("args") else args
+        s, g, c = dev["summary"], dev["goals"], a.concurrency
         lines += [
             f"### {dev['device']}",
             "",
+            *(
+                [
+                    f"Measured in an earlier run: {a.layers} layers, hidden {a.hidden}, {a.prompt_tokens}-token "
+                    f"prompts, {a.new_tokens} new tokens, {a.concurrency} concurrent; load average before/after "
+                    f"{dev['load'][0]} / {dev['load'][1]}.",
+                    "",
+                ]
+                if dev.get("args")
+                else []
+            ),
             "| concurrency | system | tokens/s | TTFT p50 | TTFT p99 | per-token | CPU time per token |",
             "|---|---|---|---|---|---|---|",
         ]
@@ -503,10 +528,10 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         p = s["prefix"]
         lines += [
             "",
-            f"| {args.long_prompt_tokens}-token prompt | TTFT (median of {args.prefix_trials}) |",
+            f"| {a.long_prompt_tokens}-token prompt | TTFT (median of {a.prefix_trials}) |",
             "|---|---|",
             f"| kvfleet, prefix miss | {p['kvfleet_miss_ttft_s'] * 1e3:.1f} ms |",
-            f"| kvfleet, prefix hit ({args.long_prompt_tokens - 16} tokens cached) | "
+            f"| kvfleet, prefix hit ({a.long_prompt_tokens - 16} tokens cached) | "
             f"{p['kvfleet_hit_ttft_s'] * 1e3:.1f} ms |",
             f"| transformers (no cache) | {p['transformers_ttft_s'] * 1e3:.1f} ms |",
             "",
@@ -530,9 +555,77 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
             f"{'yes' if g['per_token_met'] else 'no'} |",
             f"| prefix-hit TTFT >= 5x faster than a miss | {g['prefix_hit_speedup']:.1f}x | "
             f"{'yes' if g['prefix_met'] else 'no'} |",
+            *(
+                [
+                    f"| GPU: throughput at {c} concurrent >= 2x transformers' static batch | "
+                    f"{g['throughput_ratio_vs_batched_at_concurrency']:.2f}x | "
+                    f"{'yes' if g['batched_2x_met'] else 'no'} |",
+                    f"| GPU: per-token time at 1 concurrent no slower than transformers' | "
+                    f"{g['per_token_ratio_at_1']:.2f}x | {'yes' if g['per_token_no_slower_met'] else 'no'} |",
+                ]
+                if "batched_2x_met" in g and dev["device"].startswith("cuda")
+                else []
+            ),
             "",
         ]
+    lines += step_markdown(result.get("step", {}))
     return "\n".join(lines)
+
+
+def step_markdown(step: dict[str, Any]) -> list[str]:
+    """The decode-step figures bench/engine_step.py merges into engine.json."""
+    lines: list[str] = []
+    host = step.get("host_loop")
+    if host:
+        m = host["medians"]
+        lines += [
+            "## Decode step: the host loop (CPU)",
+            "",
+            f"`core.step()` of a steady decode, {host['model']}, {host['prompt_tokens']}-token prompts; median "
+            f"of {host['steps']} steps per run, {host['repeats']} runs alternating, fresh process each; the "
+            f"machine is shared (load average {host['load_before']}). `baseline` is the engine before uniform "
+            "steps (variable-length attention only, sampling read back row by row).",
+            "",
+            "| device | engine | decode step @1: wall | CPU time | decode step @32: wall | CPU time |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, row in m.items():
+            lines.append(
+                f"| cpu | {name} | {row['decode_step_s@1'] * 1e3:.3f} ms | {row['decode_step_cpu_s@1'] * 1e3:.3f} ms "
+                f"| {row['decode_step_s@32'] * 1e3:.3f} ms | {row['decode_step_cpu_s@32'] * 1e3:.3f} ms |"
+            )
+        lines.append("")
+    prof = step.get("cuda_profile")
+    if host and not prof:
+        lines += [
+            "## Decode step on a GPU: not measured",
+            "",
+            "No GPU machine was lent when these figures were taken. `bench/engine_gpu_check.sh` runs the gpu "
+            "tests, this benchmark with `--device cuda` (16 layers x 2048 hidden, bfloat16, against transformers' "
+            "batched `generate`) and `bench/engine_step.py profile` (wall vs GPU busy time) in one call, and adds "
+            "the card's figures here beside the CPU ones.",
+            "",
+        ]
+    if prof:
+        lines += [
+            f"## Decode step: wall time vs GPU busy time ({prof['device']})",
+            "",
+            f"`core.step()` of a steady decode, {prof['model']}, {prof['prompt_tokens']}-token prompts; wall: "
+            "median over steps; GPU busy: the union of the device's kernel and copy intervals in "
+            "torch.profiler over 10 steps, per step. Goal: wall <= 1.5x busy.",
+            "",
+            "| device | engine | batch | wall per step | GPU busy per step | wall / busy | met |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for key, row in prof["runs"].items():
+            name, batch = key.rsplit("@", 1)
+            ratio = row["wall_over_busy"] or float("nan")
+            lines.append(
+                f"| {prof['device']} | {name} | {batch} | {row['decode_step_wall_s'] * 1e3:.2f} ms | "
+                f"{row['gpu_busy_s'] * 1e3:.2f} ms | {ratio:.2f}x | {'yes' if ratio <= 1.5 else 'no'} |"
+            )
+        lines.append("")
+    return lines
 
 
 def plot(result: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
@@ -545,7 +638,7 @@ def plot(result: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
     fig, axes = plt.subplots(len(devices), 2, figsize=(10, 4 * len(devices)), squeeze=False)
     for row, dev in zip(axes, devices, strict=True):
         s = dev["summary"]
-        concs = [1, args.concurrency]
+        concs = [1, dev.get("args", {}).get("concurrency", args.concurrency)]
         width = 0.27
         for i, system in enumerate(("transformers", "transformers-batched", "kvfleet")):
             values = [s[f"{system}@{c}"]["tokens_per_s"] if f"{system}@{c}" in s else 0.0 for c in concs]
@@ -559,7 +652,8 @@ def plot(result: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
         values = [p["kvfleet_miss_ttft_s"] * 1e3, p["kvfleet_hit_ttft_s"] * 1e3, p["transformers_ttft_s"] * 1e3]
         row[1].bar(labels, values, color=["tab:orange", "tab:green", "tab:blue"])
         row[1].set_ylabel("TTFT, ms (median)")
-        row[1].set_title(f"{args.long_prompt_tokens}-token prompt TTFT ({dev['device']})")
+        long_tokens = dev.get("args", {}).get("long_prompt_tokens", args.long_prompt_tokens)
+        row[1].set_title(f"{long_tokens}-token prompt TTFT ({dev['device']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -598,6 +692,15 @@ def main() -> int:
     parser.add_argument("--step-samples", type=int, default=30, help="decode steps timed per engine and batch size")
     parser.add_argument("--threads", type=int, default=0, help="torch threads in --compare-compile (0: torch's)")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument(
+        "--skip-sequential-at-concurrency",
+        action="store_true",
+        help="no one-after-another transformers run at --concurrency (it takes N single runs)",
+    )
+    parser.add_argument("--artifacts-dir", type=Path, default=None, help="the engine's compile cache, reused")
+    parser.add_argument(
+        "--keep-devices", action="store_true", help="keep engine.json's other devices (and step figures)"
+    )
     parser.add_argument("--work-dir", type=Path, default=REPO / "bench" / ".work")
     parser.add_argument(
         "--render-only",
@@ -656,6 +759,17 @@ def main() -> int:
     }
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.keep_devices and (args.out_dir / "engine.json").exists():
+        old = json.loads((args.out_dir / "engine.json").read_text())
+        measured = {d["device"] for d in result["devices"]}
+        kept = [
+            {**d, "args": old.get("args"), "load": [old.get("load_before"), old.get("load_after")]}
+            for d in old.get("devices", [])
+            if d["device"] not in measured
+        ]
+        result["devices"] = kept + result["devices"]
+        if "step" in old:
+            result["step"] = old["step"]
     (args.out_dir / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out_dir / "engine.md").write_text(markdown(result, args) + "\n")
     plot(result, args, args.out_dir / "engine.png")

@@ -120,6 +120,12 @@ def engine() -> None:
     help="Static buckets: the step token counts (decode batch sizes) compiled; larger steps run eager.",
 )
 @click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=True,
+    show_default=True,
+    help="On CUDA, capture each decode/short-chunk step bucket as a CUDA graph and replay it (as vLLM does).",
+)
+@click.option(
     "--kv-events-config",
     default=None,
     help='vLLM\'s KV-cache events as JSON, e.g. {"enable_kv_cache_events": true, "publisher": "zmq", '
@@ -147,6 +153,7 @@ def serve(
     compile_choice: str,
     compile_mode: str,
     compile_sizes: str,
+    cuda_graphs: bool,
     kv_events_config: str | None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
@@ -180,6 +187,7 @@ def serve(
             compile=compile_choice,  # type: ignore[arg-type]
             compile_mode=compile_mode,  # type: ignore[arg-type]
             compile_sizes_tokens=sizes,
+            cuda_graphs=cuda_graphs,
             kv_events=KVEventsConfig.from_json(kv_events_config) if kv_events_config else KVEventsConfig(),
         )
         server_settings = ServerSettings(

@@ -82,7 +82,15 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens), self.kv_cache
         )
-        self.runner = ModelRunner(model, self.num_blocks, bs, settings.seed)
+        self.runner = ModelRunner(
+            model,
+            self.num_blocks,
+            bs,
+            settings.seed,
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len_tokens=self.max_model_len,
+            cuda_graphs=settings.cuda_graphs,
+        )
         eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.outputs = OutputProcessor(tokenizer, eos_ids, self.max_model_len)
         self._requests: dict[str, Sequence] = {}  # admitted and not finished

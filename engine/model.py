@@ -7,18 +7,25 @@ attention and SwiGLU follow transformers' Llama so the same checkpoint gives the
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kvfleet.engine.block_table_attention import UniformBatch, block_table_attention, causal_mask
 from kvfleet.engine.errors import ModelLoadError
 from kvfleet.engine.forward_pieces import EagerPieces, ForwardPieces
 from kvfleet.engine.model_config import ModelConfig, RopeScaling, load_model_config
 from kvfleet.engine.paged_attention import ForwardBatch, paged_attention
 from kvfleet.engine.weights import load_state_dict
+
+# SDPA backends the engine lets torch choose from: cuDNN's is left out because it builds a new plan
+# for every new shape (measured: 86% of a decode step's host time on an H200, torch 2.11).
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -118,6 +125,50 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, k_pools: torch.Tensor, v_pools: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":  # the backend choice matters on CUDA only; skip its cost
+            return self._forward_varlen(batch, k_pools, v_pools)
+        with sdpa_kernel(_SDPA_BACKENDS):
+            return self._forward_varlen(batch, k_pools, v_pools)
+
+    @torch.inference_mode()
+    def forward_uniform(
+        self, batch: UniformBatch, k_pools: torch.Tensor, v_pools: torch.Tensor, block_size: int
+    ) -> torch.Tensor:
+        """Logits (float32) of each sequence's ``logits_rows`` of a uniform step (``step_shapes.py``):
+        every shape is fixed by the step's bucket, and nothing here reads a tensor back to the host,
+        so on CUDA the whole call can be captured as a graph and replayed."""
+        pieces = self.pieces
+        rows = batch.shape.rows
+        padded = pieces.padded_tokens(rows)
+        token_ids, positions = batch.token_ids, batch.positions
+        if padded != rows:
+            token_ids = F.pad(token_ids, (0, padded - rows))
+            positions = F.pad(positions, (0, padded - rows))
+        cos = self.cos.index_select(0, positions).unsqueeze(1)
+        sin = self.sin.index_select(0, positions).unsqueeze(1)
+        h = self.embed.index_select(0, token_ids)
+        c = self.config
+        mask = causal_mask(batch, c.num_attention_heads // c.num_key_value_heads, block_size)
+        with sdpa_kernel(_SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext():
+            for i, layer in enumerate(self.layers):
+                q, k, v = pieces.attn_in(h, layer.input_norm, layer.qkv_weight, layer.qkv_bias, cos, sin)
+                if padded != rows:
+                    q, k, v = q[:rows], k[:rows], v[:rows]
+                attn = block_table_attention(q, k, v, k_pools[i], v_pools[i], batch, block_size, mask)
+                if padded != rows:
+                    attn = F.pad(attn, (0, 0, 0, padded - rows))
+                h = pieces.attn_out_mlp(
+                    h, attn, layer.o_weight, layer.post_norm, layer.gate_up_weight, layer.down_weight
+                )
+        seqs = batch.shape.batch
+        out_rows = batch.logits_rows
+        padded_seqs = pieces.padded_tokens(seqs)
+        if padded_seqs != seqs:
+            out_rows = F.pad(out_rows, (0, padded_seqs - seqs))
+        logits = pieces.logits(h.index_select(0, out_rows), self.norm, self.lm_head)
+        return logits[:seqs] if padded_seqs != seqs else logits
+
+    def _forward_varlen(self, batch: ForwardBatch, k_pools: torch.Tensor, v_pools: torch.Tensor) -> torch.Tensor:
         """Logits (float32) for ``batch.logits_rows``, after writing the batch's K/V into the pools.
 
         The dense parts run through ``self.pieces`` (eager, or compiled graphs with their shape

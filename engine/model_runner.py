@@ -2,6 +2,17 @@
 each request's sampling generator; turns a step's scheduled chunks into one flat batch of tensors,
 runs one forward pass and samples the next token of every sequence whose prompt is done.
 
+Two paths, chosen per step by ``step_shapes.uniform_shape``:
+
+- **uniform** (decodes and short chunks, the steady state): inputs packed into one preallocated
+  (pinned, on CUDA) buffer, one host-to-device copy, a forward of the bucket's fixed shape (a
+  replayed CUDA graph on CUDA), attention through fixed-width block tables;
+- **variable-length** (a step with a longer prefill chunk): the flat batch of
+  ``paged_attention.py``, eager or compiled, as prefill work is compute-bound.
+
+Either way sampling runs on the model's device and the sampled ids come back in one
+device-to-host copy (:meth:`ModelRunner.tokens_to_host`), the step's one host sync.
+
 It knows nothing of text, stop conditions or metrics, and never touches the block pool: it reads
 each sequence's block table, which the KV-cache manager wrote.
 """
@@ -10,11 +21,14 @@ from __future__ import annotations
 
 import torch
 
+from kvfleet.engine.block_table_attention import UniformBatch, UniformChunk, flat_len, pack_uniform
+from kvfleet.engine.cuda_graphs import MAX_GRAPHS, UniformStepGraphs
 from kvfleet.engine.model import LlamaModel
 from kvfleet.engine.paged_attention import AttentionGroup, ForwardBatch, decode_group, prefill_group, slot_table
-from kvfleet.engine.sampling import SamplingParams, sample
+from kvfleet.engine.sampling import SamplingParams, sample_tokens
 from kvfleet.engine.scheduler import ScheduledChunk
 from kvfleet.engine.sequence import Sequence
+from kvfleet.engine.step_shapes import MAX_UNIFORM_ROWS, StepShape, uniform_shape
 
 
 def kv_bytes_per_token(model: LlamaModel) -> int:
@@ -23,10 +37,47 @@ def kv_bytes_per_token(model: LlamaModel) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size_tokens: int, seed: int) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size_tokens: int,
+        seed: int,
+        *,
+        max_num_seqs: int = 64,
+        max_model_len_tokens: int = 0,
+        cuda_graphs: bool = True,
+    ) -> None:
         self.model = model
         self.block_size_tokens = block_size_tokens
-        self.k_pools, self.v_pools = model.allocate_kv_pools(num_blocks * block_size_tokens)
+        self.max_num_seqs = max_num_seqs
+        max_len = max_model_len_tokens or model.config.max_position_embeddings
+        # The widest block table a uniform step can need: the longest admitted sequence, or the pool.
+        self.max_table_blocks = min(-(-max_len // block_size_tokens), num_blocks)
+        # One block past the pool's own is scratch: padded rows of uniform steps write there.
+        self.scratch_block = num_blocks
+        self.k_pools, self.v_pools = model.allocate_kv_pools((num_blocks + 1) * block_size_tokens)
+        device = model.device
+        on_cuda = device.type == "cuda"
+        # The largest packed input of any uniform bucket, preallocated once (pinned on CUDA, so the
+        # step's host-to-device copy does not block the host).
+        widest = StepShape(min(MAX_UNIFORM_ROWS, max_num_seqs), 1, self.max_table_blocks)
+        longest = StepShape(min(MAX_UNIFORM_ROWS // 16, max_num_seqs), 16, self.max_table_blocks)
+        size = max(flat_len(widest), flat_len(longest))
+        self._host_inputs = torch.empty(size, dtype=torch.long, pin_memory=on_cuda)
+        self._host_inputs_np = self._host_inputs.numpy()
+        self._host_tokens = torch.empty(max_num_seqs + 1, dtype=torch.long, pin_memory=on_cuda)
+        self._inputs_copied = torch.cuda.Event() if on_cuda else None
+        self._tokens_copied = torch.cuda.Event() if on_cuda else None
+        self.graphs = (
+            UniformStepGraphs(model, self.k_pools, self.v_pools, block_size_tokens, MAX_GRAPHS)
+            if on_cuda and cuda_graphs
+            else None
+        )
+        # Observability for tests and benchmarks: device-to-host copies made, steps per path.
+        self.host_copies = 0
+        self.uniform_steps = 0
+        self.varlen_steps = 0
         # Seeds for sampled requests that bring none: reproducible for a given engine seed.
         self._seed_rng = torch.Generator().manual_seed(seed)
         self._generators: dict[str, torch.Generator] = {}
@@ -45,14 +96,68 @@ class ModelRunner:
 
     def execute(self, chunks: list[ScheduledChunk]) -> list[tuple[Sequence, int]]:
         """One forward over the chunks; each sequence whose chunk ends its known tokens with its next token."""
-        batch, sampled = self.build_batch(chunks)
-        logits = self.forward(batch)
+        shape = self.uniform_shape(chunks)
+        if shape is not None:
+            # Sampled chunks first, so their logits are the leading rows.
+            ordered = sorted(chunks, key=lambda c: not c.samples)
+            sampled = [c for c in ordered if c.samples]
+            logits = self.forward_uniform(shape, ordered)[: len(sampled)]
+            self.uniform_steps += 1
+        else:
+            batch, sampled = self.build_batch(chunks)
+            logits = self.forward(batch)
+            self.varlen_steps += 1
         if not sampled:
             return []
         seqs = [c.seq for c in sampled]
         generators = [self._generators.get(s.request_id) for s in seqs]
-        tokens = sample(logits, [s.params for s in seqs], generators)
+        tokens = self.tokens_to_host(sample_tokens(logits, [s.params for s in seqs], generators))
         return list(zip(seqs, tokens, strict=True))
+
+    def tokens_to_host(self, tokens: torch.Tensor) -> list[int]:
+        """The step's one device-to-host copy (and its one wait for the device): the sampled ids."""
+        self.host_copies += 1
+        if self._tokens_copied is None:
+            return [int(t) for t in tokens.tolist()]
+        host = self._host_tokens[: tokens.shape[0]]
+        host.copy_(tokens, non_blocking=True)
+        self._tokens_copied.record()
+        self._tokens_copied.synchronize()
+        return [int(t) for t in host.tolist()]
+
+    def uniform_shape(self, chunks: list[ScheduledChunk]) -> StepShape | None:
+        bs = self.block_size_tokens
+        return uniform_shape(
+            [c.num_tokens for c in chunks],
+            [-(-(c.start + c.num_tokens) // bs) for c in chunks],
+            max_num_seqs=self.max_num_seqs,
+            max_blocks=self.max_table_blocks,
+        )
+
+    def forward_uniform(self, shape: StepShape, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Logits of each chunk's last row (``[shape.batch, vocab]``, chunks' order, padding after)."""
+        if self._inputs_copied is not None:
+            self._inputs_copied.synchronize()  # the last step's copy has left the pinned buffer
+        pack_uniform(
+            shape,
+            [
+                UniformChunk(c.seq.token_ids[c.start : c.start + c.num_tokens], c.start, c.seq.block_table)
+                for c in chunks
+            ],
+            self.block_size_tokens,
+            self.scratch_block,
+            self._host_inputs_np,
+        )
+        host = self._host_inputs[: flat_len(shape)]
+        if self.graphs is not None:
+            logits = self.graphs.run(shape, host)
+        else:
+            inputs = host.to(self.model.device, non_blocking=True)
+            batch = UniformBatch.from_flat(shape, inputs)
+            logits = self.model.forward_uniform(batch, self.k_pools, self.v_pools, self.block_size_tokens)
+        if self._inputs_copied is not None:
+            self._inputs_copied.record()
+        return logits
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Next-token logits of the batch's ``logits_rows``, writing the step's K/V into the pools."""

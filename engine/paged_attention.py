@@ -1,9 +1,11 @@
-"""Attention over a paged KV cache.
+"""Attention over a paged KV cache: the variable-length path (steps with a long prefill chunk).
 
-The cache is one preallocated pool per layer of ``num_blocks * block_size`` slots. A sequence's
-K/V live in the slots its block table names; attention gathers them with ``index_select`` and
-never keeps a per-sequence contiguous copy. A step's tokens are laid out flat: the decodes first
-(one token each, attended as one batch), then each prefill chunk (attended on its own).
+The cache is one preallocated pool per layer of ``num_blocks * block_size`` slots (plus one scratch
+block, see ``block_table_attention.py``). A sequence's K/V live in the slots its block table names;
+attention gathers them with ``index_select`` and never keeps a per-sequence contiguous copy. A
+step's tokens are laid out flat: the decodes first (one token each, attended as one batch), then
+each prefill chunk (attended on its own). Decodes and short chunks alone take the uniform path
+(``block_table_attention.py``), whose shapes do not change every step.
 """
 
 from __future__ import annotations

@@ -60,13 +60,21 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """One next token per row of ``logits`` (``[rows, vocab]``, float32)."""
-    out = logits.argmax(dim=-1).tolist()
+def sample_tokens(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """One next token per row of ``logits`` (``[rows, vocab]``, float32), as a tensor on the
+    logits' device: nothing is read back to the host, so the caller copies all ids at once."""
+    out = logits.argmax(dim=-1)
     for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
         if p.greedy:
             continue
         row_logits = filter_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
         probs = torch.softmax(row_logits, dim=-1)
-        out[row] = int(torch.multinomial(probs, 1, generator=gen).item())
-    return [int(t) for t in out]
+        out[row] = torch.multinomial(probs, 1, generator=gen)[0]
+    return out
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+    """:func:`sample_tokens`, read back as Python ints."""
+    return [int(t) for t in sample_tokens(logits, params, generators).tolist()]

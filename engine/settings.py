@@ -65,6 +65,9 @@ class EngineSettings:
     # static: one graph per size in compile_sizes_tokens, steps padded up to the next size.
     compile_mode: CompileMode = "dynamic"
     compile_sizes_tokens: tuple[int, ...] = DEFAULT_COMPILE_SIZES
+    # On CUDA, capture each uniform step's bucket (decodes, short chunks) as a CUDA graph and replay
+    # it (cuda_graphs.py), as vLLM does; off runs the same fixed shapes launched from Python.
+    cuda_graphs: bool = True
     # vLLM's --kv-events-config: publish the prefix cache's stored/evicted blocks (kv_events.py).
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 

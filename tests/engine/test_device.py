@@ -10,6 +10,7 @@ import torch
 
 from kvfleet.engine.device import resolve_device, resolve_dtype
 from kvfleet.engine.errors import DeviceUnavailableError
+from kvfleet.engine.request import EngineRequest
 from kvfleet.engine.sampling import SamplingParams
 
 from .conftest import make_core, run_to_completion
@@ -37,3 +38,40 @@ def test_cuda_engine_matches_cpu_engine(tiny_model_dir: Path) -> None:
     cpu = run_to_completion(make_core(tiny_model_dir, device="cpu"), prompts, params)
     gpu = run_to_completion(make_core(tiny_model_dir, device="cuda", dtype="float32"), prompts, params)
     assert gpu == cpu
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_the_uncaptured_outputs_and_a_decode_step_syncs_once(tiny_model_dir: Path) -> None:
+    import warnings
+
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = {f"r{i}": list(range(10 + i, 40 + 5 * i)) for i in range(5)}
+    eager = make_core(tiny_model_dir, device="cuda", dtype="bfloat16", compile="off", cuda_graphs=False)
+    graphed = make_core(tiny_model_dir, device="cuda", dtype="bfloat16", compile="off")
+    assert run_to_completion(graphed, prompts, params) == run_to_completion(eager, prompts, params)
+    graphs = graphed.runner.graphs
+    assert graphs is not None and graphs.shapes, "uniform steps were captured"
+    captured = list(graphs.shapes)
+
+    # Steady decodes of buckets already met: replays only, and no synchronizing call but the one
+    # copy of the sampled ids (torch's sync debug mode warns on every implicit sync).
+    # New prompts of the same lengths (no prefix hits): the same buckets as the first round.
+    for i, prompt in enumerate(prompts.values()):
+        graphed.add_request(EngineRequest(f"again-{i}", [t + 400 for t in prompt], params, 0.0))
+    s = graphed.scheduler
+    while s.waiting or any(seq.num_output_tokens == 0 for seq in s.running):
+        graphed.step()  # prefills (variable-length steps) until every sequence decodes
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            copies = graphed.runner.host_copies
+            steps = 0
+            while graphed.has_work():
+                if graphed.step():
+                    steps += 1
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert graphed.runner.host_copies - copies == steps
+    assert [str(w.message) for w in caught if "synchroniz" in str(w.message)] == []
+    assert graphs.shapes == captured, "the same buckets replayed; nothing new captured"

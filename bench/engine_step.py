@@ -1,0 +1,247 @@
+"""What one decode step of the reference engine costs, through its own ``core.step()``.
+
+  host-loop  CPU: a 1-layer, hidden-64 model, so the figure is the engine's host loop
+             (scheduling, input building, sampling, outputs), not its matmuls; at batch 1 and
+             32. With --baseline-python, the same measurement also runs under another
+             interpreter (a checkout of the engine before a change), alternating run by run.
+  profile    CUDA: torch.profiler over steady decode steps at batch 1 and 32: wall time per step
+             against GPU busy time per step (the union of the kernels' intervals), the card named.
+
+Both merge their figures into docs/benchmarks/engine.json under "step" and re-render engine.md
+(bench/engine_throughput.py --render-only).
+
+    .venv/bin/python bench/engine_step.py host-loop --baseline-python /path/to/old/.venv/bin/python
+    python bench/engine_step.py profile --layers 16 --hidden 2048 --prompt-tokens 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvfleet.engine.engine_core import EngineCore, load_engine_core
+from kvfleet.engine.request import EngineRequest
+from kvfleet.engine.sampling import SamplingParams
+from kvfleet.engine.settings import EngineSettings
+from kvfleet.engine.tiny_model import make_tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO / "docs" / "benchmarks"
+
+
+def steady_decode(core: EngineCore, batch: int, prompt_tokens: int, new_tokens: int, vocab: int, tag: str) -> None:
+    """Admit ``batch`` requests and step until each has its first token: later steps are decodes."""
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        prompt = [(7919 * (i + 1) + 31 * j) % (vocab - 300) + 300 for j in range(prompt_tokens)]
+        core.add_request(EngineRequest(f"{tag}-{i}", prompt, params, time.monotonic()))
+    started: set[str] = set()
+    while len(started) < batch:
+        for out in core.step():
+            started.add(out.request_id)
+
+
+def drain(core: EngineCore) -> None:
+    for request_id in list(core._requests):
+        core.abort(request_id)
+
+
+def time_steps(core: EngineCore, steps: int, cpu: list[float] | None = None) -> list[float]:
+    """Wall time of each step; with ``cpu``, also this thread's CPU time of each step (with one
+    torch thread that is all of the step's work, and it barely moves when others load the machine)."""
+    times = []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        core.step()
+        times.append(time.perf_counter() - t0)
+        if cpu is not None:
+            cpu.append(time.thread_time() - c0)
+    return times
+
+
+def host_loop_once(args: argparse.Namespace) -> dict[str, float]:
+    """Median core.step() of a decode at each batch size, on CPU, one torch thread."""
+    torch.set_num_threads(1)
+    model_dir = args.work_dir / "llama-1x64-v1024"
+    if not (model_dir / "model.safetensors").exists():
+        make_tiny_model(model_dir, overwrite=True, layers=1, hidden=64, vocab=1024)
+    settings = EngineSettings(device="cpu", num_kv_blocks=1024, max_num_seqs=64, max_num_batched_tokens=512)
+    core = load_engine_core(model_dir, settings, "bench")
+    out = {}
+    for batch in (1, 32):
+        steady_decode(core, batch, args.prompt_tokens, args.steps + 20, 1024, f"b{batch}")
+        time_steps(core, 10)
+        cpu: list[float] = []
+        out[f"decode_step_s@{batch}"] = statistics.median(time_steps(core, args.steps, cpu))
+        out[f"decode_step_cpu_s@{batch}"] = statistics.median(cpu)
+        drain(core)
+    return out
+
+
+def host_loop(args: argparse.Namespace) -> dict[str, Any]:
+    interpreters = {"kvfleet": sys.executable}
+    if args.baseline_python:
+        interpreters["baseline"] = args.baseline_python
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in interpreters}
+    for _ in range(args.repeats):
+        for name, python in interpreters.items():
+            # A fresh process per run: the child measures, prints one JSON line.
+            argv = [python, __file__, "host-loop-child", "--steps", str(args.steps)]
+            argv += ["--prompt-tokens", str(args.prompt_tokens), "--work-dir", str(args.work_dir)]
+            # The baseline imports its own checkout's engine: no PYTHONPATH of ours leaks into it.
+            env = {k: v for k, v in os.environ.items() if name == "kvfleet" or k != "PYTHONPATH"}
+            run = subprocess.run(argv, check=True, capture_output=True, text=True, env=env)
+            line = run.stdout.strip().splitlines()[-1]
+            samples[name].append(json.loads(line))
+            print(f"[host-loop] {name}: {line}", flush=True)
+    medians = {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
+    return {
+        "device": "cpu",
+        "model": "1 layer, hidden 64, vocab 1024, float32, 1 torch thread",
+        "prompt_tokens": args.prompt_tokens,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "baseline_python": args.baseline_python or None,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "medians": medians,
+        "samples": samples,
+    }
+
+
+def gpu_busy_s(prof: Any) -> float:
+    """Union of the device kernels' and copies' intervals, in seconds."""
+    intervals = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    busy, cur_start, cur_end = 0.0, None, None
+    for start, end in intervals:
+        if cur_end is None or start > cur_end:
+            if cur_end is not None and cur_start is not None:
+                busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None and cur_start is not None:
+        busy += cur_end - cur_start
+    return busy * 1e-6  # profiler times are microseconds
+
+
+def profile(args: argparse.Namespace) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    def sync() -> None:
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    model_dir = args.work_dir / f"llama-{args.layers}x{args.hidden}-v{args.vocab}"
+    if not (model_dir / "model.safetensors").exists():
+        make_tiny_model(
+            model_dir, overwrite=True, layers=args.layers, hidden=args.hidden, vocab=args.vocab,
+            heads=8, kv_heads=4, max_position_embeddings=2048,
+        )  # fmt: skip
+    results: dict[str, Any] = {
+        "device": f"cuda ({torch.cuda.get_device_name()})" if args.device == "cuda" else "cpu (dry run)",
+        "model": f"{args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, bfloat16 random weights",
+        "prompt_tokens": args.prompt_tokens,
+        "runs": {},
+    }
+    for graphs in (True, False) if args.compare_graphs else (True,):
+        settings = EngineSettings(
+            device=args.device,  # type: ignore[arg-type]
+            num_kv_blocks=4096,
+            max_num_seqs=64,
+            max_num_batched_tokens=512,
+            compile=args.compile,  # type: ignore[arg-type]
+            cuda_graphs=graphs,
+            artifacts_dir=args.artifacts_dir,
+        )
+        core = load_engine_core(model_dir, settings, "bench")
+        name = f"graphs={'on' if graphs else 'off'} compile={args.compile}"
+        for batch in (1, 32):
+            steady_decode(core, batch, args.prompt_tokens, 400, args.vocab, f"b{batch}")
+            time_steps(core, 10)  # any bucket met for the first time is captured here
+            wall = statistics.median(time_steps(core, args.steps))
+            sync()
+            n = 10
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    core.step()
+                sync()
+                profiled_wall = (time.perf_counter() - t0) / n
+            busy = gpu_busy_s(prof) / n
+            row = {
+                "decode_step_wall_s": wall,
+                "profiled_step_wall_s": profiled_wall,
+                "gpu_busy_s": busy,
+                "wall_over_busy": wall / busy if busy else None,
+                "uniform_steps": core.runner.uniform_steps,
+                "graphs": [str(s) for s in core.runner.graphs.shapes] if core.runner.graphs else [],
+                "graphs_disabled": core.runner.graphs.disabled_reason if core.runner.graphs else None,
+            }
+            results["runs"][f"{name}@{batch}"] = row
+            print(f"[profile] {name} batch {batch}: {json.dumps(row)}", flush=True)
+            if args.trace_dir and graphs and batch == 32:
+                prof.export_chrome_trace(str(args.trace_dir / "decode_step_b32.json"))
+            drain(core)
+            core.step()
+        del core
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def merge(key: str, value: dict[str, Any], out_dir: Path) -> None:
+    path = out_dir / "engine.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("step", {})[key] = value
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    if data.get("devices"):
+        throughput = [sys.executable, str(REPO / "bench" / "engine_throughput.py"), "--render-only"]
+        subprocess.run([*throughput, "--out-dir", str(out_dir)], check=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["host-loop", "host-loop-child", "profile"])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--baseline-python", default="")
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="profile: cpu is a dry run")
+    parser.add_argument("--compile", choices=["auto", "on", "off"], default="auto")
+    parser.add_argument("--compare-graphs", action="store_true", help="profile also with CUDA graphs off")
+    parser.add_argument("--artifacts-dir", type=Path, default=None, help="compile cache shared across runs")
+    parser.add_argument("--trace-dir", type=Path, default=None)
+    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "kvfleet-bench")
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--no-merge", action="store_true")
+    args = parser.parse_args()
+    if args.mode == "host-loop-child":
+        print(json.dumps(host_loop_once(args)))
+        return 0
+    result = host_loop(args) if args.mode == "host-loop" else profile(args)
+    print(json.dumps(result, indent=2))
+    if not args.no_merge:
+        merge("host_loop" if args.mode == "host-loop" else "cuda_profile", result, args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
