@@ -113,10 +113,11 @@ def weed_command(weed: Path, data_dir: Path, config: Path, ports: dict[str, int]
         f"-master.port={ports['master']}",
         f"-master.port.grpc={ports['master_grpc']}",
         "-master.telemetry=false",
-        # 1 GiB volumes: the master grows a few at the first write; 0 lets the volume server
-        # size its count to the disk.
-        "-master.volumeSizeLimitMB=1024",
-        "-volume.max=0",
+        # Every bucket is a collection with volumes of its own, and the master grows several at a
+        # bucket's first write: a test suite makes hundreds of buckets. Volumes are sparse files
+        # (no preallocation), so a high count costs no disk; 512 MB each holds a benchmark model.
+        "-master.volumeSizeLimitMB=512",
+        "-volume.max=2000",
         f"-volume.port={ports['volume']}",
         f"-volume.port.grpc={ports['volume_grpc']}",
         "-filer",
@@ -217,6 +218,6 @@ def seaweedfs_s3_server(
         _wait_ready(server, proc, ready_timeout_s)
         yield server
     finally:
-        stop_process(proc, grace_s=10.0)
+        stop_process(proc, grace_s=5.0)  # its data is thrown away: no need to wait long for a clean stop
         if own_dir:
             shutil.rmtree(root, ignore_errors=True)
