@@ -1,20 +1,25 @@
-"""Weight-pull benchmark: kvfleet's pull vs boto3 and the AWS CLI on one loopback S3 server.
+"""Weight-pull benchmark on a real S3 server: kvfleet's pull against the fastest S3 clients.
 
-The baselines are boto3's default (download_file per file), boto3's TransferManager tuned the way
-a careful user would (every file submitted at once, 16 threads, 32 MiB parts; and with parts as
-large as the largest file, the fastest request shape on this server), and `aws s3 cp --recursive`.
-The report sets kvfleet against the best of them, not only the default.
+One SeaweedFS server (``weed server -s3``, tools/seaweedfs/build.sh) on loopback ports holds one
+model of several GB: safetensors shards in a valid safetensors layout (a JSON header naming BF16
+tensors, random bytes for their data) plus the small files. Every method reads the same objects
+from the same server in the same run, in rotating order, several rounds; the report gives
+medians, ratios, and the client process's CPU seconds per GB (user + system, every thread) beside
+the server's:
 
-Every method downloads the same multi-file model from the same moto server (run as its own
-process, so the client's and the server's Python do not share a GIL), in the same run, in
-rotating order, several times; the report gives medians and ratios. The server's own ceiling is
-measured too (raw parallel ranged GETs that read and discard the bytes: no hashing, no disk), so
-the table says which part of a figure is the server's.
+- kvfleet's pull, cold, to a fresh node cache (manifest, lock, ranged GETs, sha256 of every byte,
+  fsync before the atomic rename), with its defaults and the variants that price each cost;
+- boto3's default (``download_file`` one file after another), boto3's TransferManager tuned (every
+  file at once, 16 threads), boto3 with the CRT transfer client (``awscrt``);
+- ``s3torchconnector`` (Mountpoint's CRT client; its reader written to files, files in parallel);
+- ``runai-model-streamer`` with its S3 backend, into memory (the tensors it returns);
+- the server's ceiling (parallel raw ranged GETs, bytes discarded) and the disk's (the same bytes
+  written with kvfleet's durability policy, and without it);
+- a node-cache hit plus reading every byte, against ``cat`` of the same files.
 
-    .venv/bin/python bench/weight_pull.py                    # the committed run: 2 GB, 3 rounds
-                                                             # (~17 min on 2 shared cores, mostly the
-                                                             # boto3 and AWS CLI baselines on moto)
-    .venv/bin/python bench/weight_pull.py --size-gb 0.5 --rounds 2   # a quick look
+    .venv/bin/python bench/weight_pull.py                       # 3 GB, 3 rounds (the default)
+    .venv/bin/python bench/weight_pull.py --size-gb 1 --shards 4 --rounds 2   # the committed run (9 min)
+    .venv/bin/python bench/weight_pull.py --size-gb 1 --rounds 1  # a quick look
 
 Writes docs/benchmarks/weight_cache.{json,md,png}.
 """
@@ -22,12 +27,12 @@ Writes docs/benchmarks/weight_cache.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,18 +40,18 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import boto3
 from botocore.config import Config
 
-from kvfleet.free_port import pick_free_port
 from kvfleet.weight_cache import NodeCacheSettings, PopulateSettings, PullSettings, S3Settings, make_client, populate
-from kvfleet.weight_cache.download import pull_to_dir
+from kvfleet.weight_cache.partial_file import _SYNC_FILE_RANGE, _SYNC_FILE_RANGE_WRITE
 from kvfleet.weight_cache.parts import plan_parts
 from kvfleet.weight_cache.pull import pull_model
-from kvfleet.weight_cache.s3 import S3Uri
+from kvfleet_testkit.seaweedfs import SeaweedS3, seaweedfs_s3_server
 
 MB = 1000 * 1000
 MiB = 1 << 20
@@ -54,123 +59,246 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "docs" / "benchmarks"
 BUCKET = "bench-weights"
 PREFIX = "models/bench"
-CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+TUNED_THREADS = 16
+TUNED_PART = 32 * MiB
 
 
-def start_moto(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("moto server did not start")
+# ---------------------------------------------------------------------------------------- model
 
 
-def make_model(root: Path, total_bytes: int, files: int) -> dict[str, int]:
-    """``files`` safetensors shards sharing ``total_bytes`` (the last one smaller, as real shards
-    are), plus config and tokenizer files. Random bytes, so nothing compresses."""
-    sizes: dict[str, int] = {}
-    shard = -(-total_bytes // files)
-    left = total_bytes
-    for i in range(files):
-        size = min(shard, left) if i < files - 1 else left
-        sizes[f"model-{i + 1:05d}-of-{files:05d}.safetensors"] = size
-        left -= size
-    sizes["config.json"] = 700
-    sizes["tokenizer.json"] = 2 * MiB
-    sizes["generation_config.json"] = 120
-    chunk = os.urandom(64 * MiB)  # one random block, rotated per file: fast to write, still incompressible
-    for i, (name, size) in enumerate(sizes.items()):
-        with (root / name).open("wb") as f:
-            written = 0
-            offset = (i * 7919) % len(chunk)
-            block = chunk[offset:] + chunk[:offset]
-            while written < size:
-                n = min(len(block), size - written)
-                f.write(block[:n])
-                written += n
-    return sizes
+def write_safetensors(path: Path, size_bytes: int, seed: bytes) -> None:
+    """A valid safetensors file of about ``size_bytes``: BF16 tensors of 64 MiB each, random data.
+
+    The data is one random 64 MiB block XORed per tensor with a counter: incompressible, and no two
+    tensors (or shards) alike, so no client or server can dedupe or compress it."""
+    tensor_bytes = 64 * MiB
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset, index = 0, 0
+    budget = max(size_bytes - 4096, 2)
+    while offset < budget:
+        n = min(tensor_bytes, budget - offset) // 2 * 2
+        if n == 0:
+            break
+        header[f"layers.{index}.weight"] = {"dtype": "BF16", "shape": [n // 2], "data_offsets": [offset, offset + n]}
+        offset += n
+        index += 1
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-aligned, as safetensors writers do
+    block = hashlib.shake_256(seed).digest(tensor_bytes)
+    with path.open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        left, counter = offset, 0
+        while left:
+            n = min(len(block), left)
+            stamp = counter.to_bytes(8, "little")
+            f.write(stamp + block[8:n] if n > 8 else block[:n])
+            left -= n
+            counter += 1
 
 
-def timed(fn: Callable[[], object]) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
+def make_model(root: Path, total_bytes: int, shards: int) -> dict[str, int]:
+    """``shards`` safetensors shards sharing ``total_bytes`` plus config and tokenizer files."""
+    per = total_bytes // shards
+    for i in range(shards):
+        write_safetensors(root / f"model-{i + 1:05d}-of-{shards:05d}.safetensors", per, f"shard{i}".encode())
+    (root / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}))
+    (root / "generation_config.json").write_text("{}")
+    (root / "tokenizer.json").write_bytes(hashlib.shake_256(b"tok").digest(2 * MiB))
+    return {p.name: p.stat().st_size for p in sorted(root.iterdir())}
 
 
-def raw_ranged_gets(endpoint: str, keys: dict[str, int], part_bytes: int, concurrency: int) -> None:
-    """The server's ceiling at kvfleet's part size and concurrency: GET every range, discard it."""
-    client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=concurrency))
-    jobs = [(key, part) for key, size in keys.items() for part in plan_parts(size, part_bytes)]
+# -------------------------------------------------------------------------------------- methods
+
+
+@dataclass
+class Ctx:
+    server: SeaweedS3
+    keys: dict[str, int]  # object key -> size
+    scratch: Path
+
+    def client(self, pool: int = 10) -> Any:
+        return boto3.client(
+            "s3",
+            endpoint_url=self.server.endpoint_url,
+            region_name=self.server.region,
+            config=Config(max_pool_connections=pool),
+        )
+
+    def fresh(self, name: str) -> Path:
+        path = self.scratch / name
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
+
+def raw_ranged_gets(ctx: Ctx, part_bytes: int, concurrency: int) -> None:
+    """The server's ceiling: every range GET in parallel, bytes read and discarded (no hash, no disk)."""
+    client = ctx.client(concurrency)
+    jobs = [(key, part) for key, size in ctx.keys.items() for part in plan_parts(size, part_bytes)]
 
     def get(job: tuple[str, Any]) -> int:
         key, part = job
-        return len(client.get_object(Bucket=BUCKET, Key=key, Range=part.http_range)["Body"].read())
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        assert sum(pool.map(get, jobs)) == sum(keys.values())
-
-
-def raw_whole_gets(endpoint: str, keys: dict[str, int], concurrency: int) -> None:
-    """The other shape of the server's ceiling: one plain GET per file (files in parallel)."""
-    client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=concurrency))
-
-    def get(key: str) -> int:
-        body = client.get_object(Bucket=BUCKET, Key=key)["Body"]
+        body = client.get_object(Bucket=BUCKET, Key=key, Range=part.http_range)["Body"]
         total = 0
-        while chunk := body.read(8 * MiB):
+        while chunk := body.read(4 * MiB):
             total += len(chunk)
         return total
 
     with ThreadPoolExecutor(concurrency) as pool:
-        assert sum(pool.map(get, keys)) == sum(keys.values())
+        assert sum(pool.map(get, jobs)) == sum(ctx.keys.values())
 
 
-def boto3_download_file(endpoint: str, keys: dict[str, int], dest: Path) -> None:
-    """What a script usually does: download_file per file, default TransferConfig."""
-    client = boto3.client("s3", endpoint_url=endpoint)
-    for key in keys:
-        target = dest / key.rsplit("/", 1)[1]
-        client.download_file(BUCKET, key, str(target))
+def disk_write(ctx: Ctx, sizes: dict[str, int], *, durable: bool) -> None:
+    """The disk's ceiling: the same bytes written; ``durable`` adds kvfleet's policy (writeback
+    started as chunks land, fsync of each file, atomic rename, fsync of the directory)."""
+    dest = ctx.fresh("disk")
+    block = os.urandom(8 * MiB)
+    for name, size in sizes.items():
+        tmp = dest / f".{name}.part"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            offset = 0
+            while offset < size:
+                n = os.pwrite(fd, block[: min(len(block), size - offset)], offset)
+                if durable and _SYNC_FILE_RANGE is not None:  # exactly what kvfleet's pull calls
+                    _SYNC_FILE_RANGE(fd, offset, n, _SYNC_FILE_RANGE_WRITE)
+                offset += n
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, dest / name)
+    if durable:
+        dfd = os.open(dest, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
 
 
-def boto3_transfer_manager(endpoint: str, keys: dict[str, int], dest: Path, threads: int, part_bytes: int) -> None:
-    """boto3 tuned: one TransferManager, every file submitted at once (files download concurrently),
-    ``threads`` workers and connections, ``part_bytes`` ranges (a file at or below it is one GET)."""
-    from boto3.s3.transfer import TransferConfig
-    from s3transfer.manager import TransferManager
+def boto3_download_file(ctx: Ctx) -> None:
+    """What a script usually does: ``download_file`` per file, default TransferConfig."""
+    client, dest = ctx.client(), ctx.fresh("boto3")
+    for key in ctx.keys:
+        client.download_file(BUCKET, key, str(dest / key.rsplit("/", 1)[1]))
 
-    # Twice the threads: the manager's own requests (HEAD per file) must not evict a worker's connection.
-    client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=2 * threads))
-    config = TransferConfig(
-        multipart_threshold=part_bytes,
-        multipart_chunksize=part_bytes,
-        max_concurrency=threads,
-        max_io_queue=1000,
-        io_chunksize=1 * MiB,
-    )
-    with TransferManager(client, config) as manager:
-        futures = [manager.download(BUCKET, key, str(dest / key.rsplit("/", 1)[1])) for key in keys]
+
+def boto3_transfer_manager(ctx: Ctx, *, crt: bool) -> None:
+    """boto3 tuned: one TransferManager, every file submitted at once; classic (16 threads and
+    connections, 32 MiB parts) or the CRT transfer client (``preferred_transfer_client="crt"``)."""
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+    if crt:
+        config = TransferConfig(preferred_transfer_client="crt", multipart_chunksize=TUNED_PART)
+    else:
+        config = TransferConfig(
+            multipart_threshold=TUNED_PART,
+            multipart_chunksize=TUNED_PART,
+            max_concurrency=TUNED_THREADS,
+            max_io_queue=1000,
+        )
+    client, dest = ctx.client(2 * TUNED_THREADS), ctx.fresh("boto3")
+    manager = create_transfer_manager(client, config)
+    if crt:
+        assert type(manager).__name__ == "CRTTransferManager", f"asked for CRT, got {type(manager).__name__}"
+    with manager:
+        futures = [manager.download(BUCKET, key, str(dest / key.rsplit("/", 1)[1])) for key in ctx.keys]
         for future in futures:
             future.result()
 
 
-def aws_cli_cp(aws: str, endpoint: str, dest: Path) -> None:
-    env = {**os.environ, **CREDS}
-    source = f"s3://{BUCKET}/{PREFIX}/"
-    subprocess.run(
-        [aws, "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", endpoint, *[source, str(dest)]],
-        check=True,
-        env=env,
+def s3torchconnector_files(ctx: Ctx) -> None:
+    """Amazon's PyTorch connector (Mountpoint's CRT client, 16 MiB parts prefetched): each
+    object's reader written to a file, the files in parallel."""
+    from s3torchconnector import S3Checkpoint, S3ClientConfig
+
+    checkpoint = S3Checkpoint(
+        region=ctx.server.region,
+        endpoint=ctx.server.endpoint_url,
+        s3client_config=S3ClientConfig(force_path_style=True, part_size=16 * MiB, throughput_target_gbps=100.0),
     )
+    dest = ctx.fresh("s3torch")
+
+    def one(key: str) -> int:
+        reader = checkpoint.reader(f"s3://{BUCKET}/{key}")
+        buf = bytearray(8 * MiB)
+        view = memoryview(buf)
+        total = 0
+        with (dest / key.rsplit("/", 1)[1]).open("wb", buffering=0) as out:
+            while n := reader.readinto(buf):
+                out.write(view[:n])
+                total += n
+        return total
+
+    with ThreadPoolExecutor(len(ctx.keys)) as pool:
+        assert sum(pool.map(one, ctx.keys)) == sum(ctx.keys.values())
+
+
+def runai_streamer_memory(ctx: Ctx) -> None:
+    """Run:ai's model streamer, S3 backend, every shard into memory (the tensors it yields); it
+    reads safetensors only, so the small files are not part of its figure (they are < 0.1%)."""
+    from runai_model_streamer import SafetensorsStreamer
+
+    urls = [f"s3://{BUCKET}/{key}" for key in ctx.keys if key.endswith(".safetensors")]
+    total = 0
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_files(urls)
+        for _name, tensor in streamer.get_tensors():
+            total += tensor.numel() * tensor.element_size()
+    assert total > 0.99 * sum(size for key, size in ctx.keys.items() if key.endswith(".safetensors"))
+
+
+def kvfleet_cold(ctx: Ctx, settings: PullSettings) -> Callable[[], None]:
+    """kvfleet's pull as the launcher runs it: manifest, node-cache lock, sha256 while streaming,
+    fsync before the atomic rename, lease; into a node cache emptied before every run."""
+
+    def run() -> None:
+        root = ctx.fresh("node-cache")
+        client = make_client(
+            S3Settings(endpoint_url=ctx.server.endpoint_url, region=ctx.server.region),
+            max_pool_connections=settings.concurrency,
+        )
+        with pull_model(f"s3://{BUCKET}/{PREFIX}", root, settings, client=client) as model:
+            assert not model.hit
+
+    return run
+
+
+def sha256_only(ctx: Ctx, sizes: dict[str, int], workers: int) -> None:
+    """What verification alone costs: sha256 of as many bytes, from memory, ``workers`` threads."""
+    block = os.urandom(8 * MiB)
+    per = [size for size in sizes.values()]
+
+    def one(size: int) -> None:
+        h = hashlib.sha256()
+        left = size
+        while left:
+            n = min(left, len(block))
+            h.update(block[:n] if n < len(block) else block)
+            left -= n
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, per))
+
+
+# ------------------------------------------------------------------------------------- measuring
+
+
+def cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(fn: Callable[[], None], server_pid: int) -> tuple[float, float, float]:
+    cpu0, srv0 = cpu_s(), proc_cpu_s(server_pid)
+    started = time.perf_counter()
+    fn()
+    wall = time.perf_counter() - started
+    return wall, cpu_s() - cpu0, proc_cpu_s(server_pid) - srv0
 
 
 def cat_files(paths: list[Path]) -> None:
@@ -178,54 +306,96 @@ def cat_files(paths: list[Path]) -> None:
 
 
 def read_files(paths: list[Path]) -> None:
+    buf = bytearray(8 * MiB)
     for path in paths:
         with path.open("rb", buffering=0) as f:
-            while f.read(8 * MiB):
+            while f.readinto(buf):
                 pass
 
 
-def find_aws(explicit: str | None) -> str | None:
-    if explicit:
-        return explicit
-    beside = Path(sys.executable).parent / "aws"
-    return str(beside) if beside.exists() else shutil.which("aws")
+def bench_node_cache(ctx: Ctx, settings: PullSettings, sizes: dict[str, int], rounds: int) -> dict[str, Any]:
+    """Fill the node cache once, then time hits. A hit with ``verify_on_hit="stat"`` is the manifest
+    GET + lock + lease + a stat of every file; the engine then reads the bytes, so "hit + read" is
+    set against ``cat`` of the same files (both from the page cache). The default hit rehashes
+    every file (``"sha256"``)."""
+    root = ctx.fresh("node-cache-hits")
+    client = make_client(S3Settings(endpoint_url=ctx.server.endpoint_url, region=ctx.server.region))
+    uri = f"s3://{BUCKET}/{PREFIX}"
+    stat = settings.model_copy(update={"verify_on_hit": "stat"})
+    sha = settings.model_copy(update={"verify_on_hit": "sha256"})
+    with pull_model(uri, root, stat, client=client, node_cache_settings=NodeCacheSettings()) as model:
+        files = [model.path / name for name in sizes]
+    cat_files(files)  # warm the page cache for both sides alike
+    samples: dict[str, list[float]] = {"hit": [], "hit_plus_read": [], "cat": [], "sha256": []}
+    for _ in range(rounds):
+        started = time.perf_counter()
+        cat_files(files)
+        samples["cat"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        with pull_model(uri, root, stat, client=client) as hit:
+            assert hit.hit
+            samples["hit"].append(time.perf_counter() - started)
+            read_files(files)
+        samples["hit_plus_read"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        pull_model(uri, root, sha, client=client).release()
+        samples["sha256"].append(time.perf_counter() - started)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {
+        "hit_median_s": med["hit"],
+        "hit_plus_read_median_s": med["hit_plus_read"],
+        "cat_median_s": med["cat"],
+        "hit_sha256_verify_median_s": med["sha256"],
+        # Throughput ratio: > 1 means hit + read is faster than cat.
+        "hit_plus_read_vs_cat": med["cat"] / med["hit_plus_read"],
+        "samples": samples,
+    }
 
 
-def disk_write_fsync(dest: Path, sizes: dict[str, int]) -> None:
-    """The disk's ceiling for what kvfleet must do: write the same bytes and fsync each file."""
-    block = os.urandom(8 * MiB)
-    for name, size in sizes.items():
-        fd = os.open(dest / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            left = size
-            while left:
-                left -= os.write(fd, block[: min(len(block), left)])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+# -------------------------------------------------------------------------------------- the run
 
-
-BOTO3 = "boto3 download_file per file (default TransferConfig)"
-TUNED_THREADS = 16
-TUNED_PART = 32 * MiB
-BOTO3_TUNED = f"boto3 TransferManager tuned (all files at once, {TUNED_THREADS} threads, 32 MiB parts)"
-BOTO3_TUNED_WHOLE = f"boto3 TransferManager tuned (all files at once, {TUNED_THREADS} threads, part >= largest file)"
-AWSCLI = "aws s3 cp --recursive"
-KV_DEFAULT = "kvfleet pull (defaults)"
-KV_WHOLE = "kvfleet pull (part size >= largest file)"
-KV_WHOLE_NOSYNC = "kvfleet pull (part size >= largest file, no fsync)"
-KV_WHOLE_16 = "kvfleet pull (part size >= largest file, 16 in flight: tuned boto3's threads)"
-CEIL_RANGED = "server ceiling: raw ranged GETs at kvfleet's default part size"
-CEIL_WHOLE = "server ceiling: one raw GET per file"
-DISK = "disk ceiling: write + fsync the same bytes"
+CEIL_SERVER = f"server ceiling: raw ranged GETs, 32 MiB, {TUNED_THREADS} in flight, discarded"
+DISK_DURABLE = "disk ceiling: write + fsync + rename (kvfleet's durability)"
+DISK_PLAIN = "disk ceiling: write only (page cache)"
+SHA = "sha256 alone of the same bytes, 2 threads (from memory)"
+BOTO3 = "boto3 download_file per file (default)"
+BOTO3_TUNED = f"boto3 TransferManager tuned ({TUNED_THREADS} threads, 32 MiB parts, all files at once)"
+BOTO3_CRT = "boto3 + CRT transfer client (awscrt), all files at once"
+S3TORCH = "s3torchconnector (CRT), files in parallel, to files"
+RUNAI = "runai-model-streamer (S3), into memory"
+KV = "kvfleet pull, cold (defaults)"
+KV_NOSYNC = "kvfleet pull, cold, no fsync"
+KV_16 = "kvfleet pull, cold, 16 in flight"
+KV_8MIB = "kvfleet pull, cold, 8 MiB parts"
+KV_CHUNK1 = "kvfleet pull, cold, 1 MiB read chunks"
+CLIENTS = (BOTO3, BOTO3_TUNED, BOTO3_CRT, S3TORCH, RUNAI)
+KVFLEET = (KV, KV_NOSYNC, KV_16, KV_8MIB, KV_CHUNK1)
+CEILINGS = (CEIL_SERVER, DISK_DURABLE, DISK_PLAIN, SHA)
+# What each row does with the bytes: the part of the work a figure includes.
+WORK = {
+    CEIL_SERVER: "GET, discard",
+    DISK_DURABLE: "write, fsync",
+    DISK_PLAIN: "write",
+    SHA: "hash",
+    BOTO3: "GET, write",
+    BOTO3_TUNED: "GET, write",
+    BOTO3_CRT: "GET, write",
+    S3TORCH: "GET, write",
+    RUNAI: "GET, to tensors in memory",
+    KV: "GET, sha256, write, fsync, rename",
+    KV_NOSYNC: "GET, sha256, write, rename",
+    KV_16: "GET, sha256, write, fsync, rename",
+    KV_8MIB: "GET, sha256, write, fsync, rename",
+    KV_CHUNK1: "GET, sha256, write, fsync, rename",
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-gb", type=float, default=2.0, help="model size in GB (10^9 bytes)")
-    parser.add_argument("--files", type=int, default=8, help="safetensors shards")
+    parser.add_argument("--size-gb", type=float, default=3.0, help="model size in GB (10^9 bytes)")
+    parser.add_argument("--shards", type=int, default=6, help="safetensors shards")
     parser.add_argument("--rounds", type=int, default=3, help="repetitions of every method (medians reported)")
-    parser.add_argument("--aws-cli", help="aws executable (default: next to this Python, then PATH)")
+    parser.add_argument("--only", default="", help="comma-separated row-name substrings to run (a quick look)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--tmp", type=Path, default=None, help="scratch directory (default: system temp)")
     parser.add_argument("--report-only", action="store_true", help="rewrite the .md/.png from the .json in --out")
@@ -234,167 +404,137 @@ def main() -> None:
         write_reports(json.loads((args.out / "weight_cache.json").read_text()), args.out)
         return
     logging.basicConfig(level=logging.WARNING)
-
-    for name, value in CREDS.items():
-        os.environ[name] = value
-    port = pick_free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    moto = start_moto(port)
     scratch = Path(tempfile.mkdtemp(prefix="kvfleet-bench-", dir=args.tmp))
-    aws = find_aws(args.aws_cli)
+    started_run = time.monotonic()
     try:
-        client = make_client(S3Settings(endpoint_url=endpoint), max_pool_connections=8)
-        client.create_bucket(Bucket=BUCKET)
-        src = scratch / "src"
-        src.mkdir()
-        sizes = make_model(src, int(args.size_gb * 1e9), args.files)
-        total = sum(sizes.values())
-        print(f"model: {len(sizes)} files, {total / 1e9:.2f} GB; server {endpoint}; aws cli: {aws or 'not found'}")
-        upload_s = timed(lambda: populate(client, src, f"s3://{BUCKET}/{PREFIX}", PopulateSettings()))
-        print(f"populate: {upload_s:.1f} s ({total / upload_s / MB:.0f} MB/s)")
-        keys = {f"{PREFIX}/{name}": size for name, size in sizes.items()}
-        uri = S3Uri.parse(f"s3://{BUCKET}/{PREFIX}")
-        defaults = PullSettings()
-        whole = PullSettings(part_size_bytes=-(-max(sizes.values()) // MiB) * MiB)
-        whole_nosync = whole.model_copy(update={"fsync": False})
-        whole_16 = whole.model_copy(update={"concurrency": TUNED_THREADS})
-
-        def fresh(name: str) -> Path:
-            path = scratch / name
-            shutil.rmtree(path, ignore_errors=True)
-            path.mkdir()
-            return path
-
-        def kvfleet(settings: PullSettings) -> Callable[[], None]:
-            def run() -> None:
-                pull_client = make_client(S3Settings(endpoint_url=endpoint), max_pool_connections=settings.concurrency)
-                pull_to_dir(pull_client, uri, fresh("kvfleet"), settings)
-
-            return run
-
-        methods: dict[str, Callable[[], None]] = {
-            CEIL_RANGED: lambda: raw_ranged_gets(endpoint, keys, defaults.part_size_bytes, defaults.concurrency),
-            CEIL_WHOLE: lambda: raw_whole_gets(endpoint, keys, defaults.concurrency),
-            DISK: lambda: disk_write_fsync(fresh("disk"), sizes),
-            BOTO3: lambda: boto3_download_file(endpoint, keys, fresh("boto3")),
-            BOTO3_TUNED: lambda: boto3_transfer_manager(endpoint, keys, fresh("boto3"), TUNED_THREADS, TUNED_PART),
-            BOTO3_TUNED_WHOLE: lambda: boto3_transfer_manager(
-                endpoint, keys, fresh("boto3"), TUNED_THREADS, whole.part_size_bytes
-            ),
-            KV_DEFAULT: kvfleet(defaults),
-            KV_WHOLE: kvfleet(whole),
-            KV_WHOLE_NOSYNC: kvfleet(whole_nosync),
-            KV_WHOLE_16: kvfleet(whole_16),
-        }
-        if aws:
-            methods[AWSCLI] = lambda: aws_cli_cp(aws, endpoint, fresh("awscli"))
-
-        times: dict[str, list[float]] = {name: [] for name in methods}
-        names = list(methods)
-        for r in range(args.rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]  # rotate: no method always goes first
-            for name in order:
-                seconds = timed(methods[name])
-                times[name].append(seconds)
-                print(f"round {r + 1}: {name}: {seconds:.2f} s ({total / seconds / MB:.0f} MB/s)", flush=True)
-
-        node_cache = bench_node_cache(uri, scratch / "node-cache", whole, client, sizes, max(3, args.rounds))
-        results = summarize(times, total, len(sizes), args.rounds, upload_s, defaults, whole, node_cache)
+        with seaweedfs_s3_server(scratch / "seaweedfs") as server:
+            os.environ.update(server.env())
+            # Run:ai's S3 backend: path-style requests to a custom endpoint, no instance metadata.
+            os.environ["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
+            os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+            os.environ["RUNAI_STREAMER_CONCURRENCY"] = str(TUNED_THREADS)
+            results = run(server, scratch, args)
+        results["run_s"] = time.monotonic() - started_run
         write_reports(results, args.out)
         print(json.dumps(results["ratios"], indent=2))
-        print(json.dumps({k: v for k, v in node_cache.items() if k != "samples"}, indent=2))
     finally:
-        moto.terminate()
-        try:
-            moto.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            moto.kill()
-            moto.wait()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def bench_node_cache(
-    uri: S3Uri, root: Path, settings: PullSettings, client: Any, sizes: dict[str, int], rounds: int
-) -> dict[str, Any]:
-    """Fill the node cache once, then time hits. A cheap hit is the manifest GET + lock + lease + the
-    stat check (verify_on_hit="stat": files untouched since verified are not hashed); the engine then
-    reads the bytes, so "hit + read" is compared with cat of the same files. The default hit hashes
-    every file ("sha256"; bench/node_cache_verify.py has its cost per GB)."""
-    sha_settings = settings.model_copy(update={"verify_on_hit": "sha256"})
-    settings = settings.model_copy(update={"verify_on_hit": "stat"})
-    with pull_model(str(uri), root, settings, client=client, node_cache_settings=NodeCacheSettings()) as model:
-        files = [model.path / name for name in sizes]
-    cat_files(files)  # warm the page cache for both sides alike
-    samples: dict[str, list[float]] = {"hit": [], "hit_plus_read": [], "cat": [], "sha256": []}
-    for _ in range(rounds):
-        samples["cat"].append(timed(lambda: cat_files(files)))
-        started = time.perf_counter()
-        with pull_model(str(uri), root, settings, client=client) as hit:
-            assert hit.hit
-            samples["hit"].append(time.perf_counter() - started)
-            read_files(files)
-        samples["hit_plus_read"].append(time.perf_counter() - started)
-        samples["sha256"].append(timed(lambda: pull_model(str(uri), root, sha_settings, client=client).release()))
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    return {
-        "hit_median_s": med["hit"],
-        "hit_plus_read_median_s": med["hit_plus_read"],
-        "cat_median_s": med["cat"],
-        "hit_sha256_verify_median_s": med["sha256"],
-        "hit_plus_read_vs_cat": med["hit_plus_read"] / med["cat"],
-        "samples": samples,
+def run(server: SeaweedS3, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
+    src = scratch / "src"
+    src.mkdir()
+    sizes = make_model(src, int(args.size_gb * 1e9), args.shards)
+    total = sum(sizes.values())
+    client = make_client(S3Settings(endpoint_url=server.endpoint_url, region=server.region), max_pool_connections=8)
+    client.create_bucket(Bucket=BUCKET)
+    print(f"model: {len(sizes)} files, {total / 1e9:.2f} GB; server {server.endpoint_url} (pid {server.pid})")
+    t0 = time.perf_counter()
+    populate(client, src, f"s3://{BUCKET}/{PREFIX}", PopulateSettings())
+    upload_s = time.perf_counter() - t0
+    print(f"populate: {upload_s:.1f} s ({total / upload_s / MB:.0f} MB/s)", flush=True)
+    shutil.rmtree(src)  # the source copy no longer needed: keeps the page cache for the runs
+    ctx = Ctx(server=server, keys={f"{PREFIX}/{name}": size for name, size in sizes.items()}, scratch=scratch)
+    defaults = PullSettings()
+
+    methods: dict[str, Callable[[], None]] = {
+        CEIL_SERVER: lambda: raw_ranged_gets(ctx, TUNED_PART, TUNED_THREADS),
+        DISK_DURABLE: lambda: disk_write(ctx, sizes, durable=True),
+        DISK_PLAIN: lambda: disk_write(ctx, sizes, durable=False),
+        SHA: lambda: sha256_only(ctx, sizes, 2),
+        BOTO3: lambda: boto3_download_file(ctx),
+        BOTO3_TUNED: lambda: boto3_transfer_manager(ctx, crt=False),
+        BOTO3_CRT: lambda: boto3_transfer_manager(ctx, crt=True),
+        S3TORCH: lambda: s3torchconnector_files(ctx),
+        RUNAI: lambda: runai_streamer_memory(ctx),
+        KV: kvfleet_cold(ctx, defaults),
+        KV_NOSYNC: kvfleet_cold(ctx, defaults.model_copy(update={"fsync": False})),
+        KV_16: kvfleet_cold(ctx, defaults.model_copy(update={"concurrency": 16})),
+        KV_8MIB: kvfleet_cold(ctx, defaults.model_copy(update={"part_size_bytes": 8 * MiB})),
+        KV_CHUNK1: kvfleet_cold(ctx, defaults.model_copy(update={"stream_chunk_bytes": 1 * MiB})),
     }
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        methods = {n: f for n, f in methods.items() if any(w in n for w in wanted)}
+    samples: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": [], "server_cpu": []} for n in methods}
+    failures: dict[str, str] = {}
+    names = list(methods)
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]  # rotate: no method always goes first
+        for name in order:
+            if name in failures:
+                continue
+            try:
+                wall, cpu, srv = measure(methods[name], server.pid)
+            except Exception as e:  # a client that cannot run here is reported with why, not hidden
+                failures[name] = f"{type(e).__name__}: {e}"[:400]
+                print(f"round {r + 1}: {name}: FAILED {failures[name]}", flush=True)
+                continue
+            for k, v in (("wall", wall), ("cpu", cpu), ("server_cpu", srv)):
+                samples[name][k].append(v)
+            print(
+                f"round {r + 1}: {name}: {wall:.2f} s ({total / wall / MB:.0f} MB/s), "
+                f"cpu {cpu:.1f} s, server cpu {srv:.1f} s",
+                flush=True,
+            )
+        shutil.rmtree(scratch / "node-cache", ignore_errors=True)
+    node_cache = bench_node_cache(ctx, defaults, sizes, max(3, args.rounds)) if not args.only else {}
+    return summarize(samples, failures, total, sizes, args, upload_s, defaults, node_cache)
 
 
 def summarize(
-    times: dict[str, list[float]],
+    samples: dict[str, dict[str, list[float]]],
+    failures: dict[str, str],
     total: int,
-    files: int,
-    rounds: int,
+    sizes: dict[str, int],
+    args: argparse.Namespace,
     upload_s: float,
     defaults: PullSettings,
-    whole: PullSettings,
     node_cache: dict[str, Any],
 ) -> dict[str, Any]:
-    med = {name: statistics.median(v) for name, v in times.items()}
-    server_ceiling = min(med[CEIL_RANGED], med[CEIL_WHOLE])
-    ratios = {
-        "kvfleet_best_vs_boto3_throughput": med[BOTO3] / med[KV_WHOLE],
-        "kvfleet_defaults_vs_boto3_throughput": med[BOTO3] / med[KV_DEFAULT],
-        "kvfleet_no_fsync_vs_server_ceiling_throughput": server_ceiling / med[KV_WHOLE_NOSYNC],
-        "kvfleet_vs_min_of_server_and_disk_ceiling_throughput": max(server_ceiling, med[DISK]) / med[KV_WHOLE],
-        "kvfleet_defaults_vs_ranged_ceiling_throughput": med[CEIL_RANGED] / med[KV_DEFAULT],
-    }
-    if AWSCLI in med:
-        ratios["kvfleet_best_vs_awscli_throughput"] = med[AWSCLI] / med[KV_WHOLE]
-    # Against the best baseline of all, and the tuned baseline at kvfleet's default request shape.
-    baselines = [name for name in (BOTO3, BOTO3_TUNED, BOTO3_TUNED_WHOLE, AWSCLI) if name in med]
-    best_baseline = min(baselines, key=lambda name: med[name])
-    kv_best = min((KV_WHOLE, KV_WHOLE_16), key=lambda name: med[name])
-    ratios["kvfleet_best_vs_best_baseline_throughput"] = med[best_baseline] / med[kv_best]
-    ratios["kvfleet_defaults_vs_tuned_boto3_same_parts_throughput"] = med[BOTO3_TUNED] / med[KV_DEFAULT]
-    ratios["kvfleet_whole_16_vs_tuned_boto3_whole_files_throughput"] = med[BOTO3_TUNED_WHOLE] / med[KV_WHOLE_16]
+    gb = total / 1e9
+    rows: dict[str, dict[str, Any]] = {}
+    for name, s in samples.items():
+        if not s["wall"]:
+            continue
+        med = statistics.median(s["wall"])
+        rows[name] = {
+            "work": WORK[name],
+            "seconds": s["wall"],
+            "median_s": med,
+            "median_MBps": total / med / MB,
+            "spread_pct": 100 * (max(s["wall"]) - min(s["wall"])) / med,
+            "cpu_s_per_GB": statistics.median(s["cpu"]) / gb,
+            "server_cpu_s_per_GB": statistics.median(s["server_cpu"]) / gb,
+        }
+    ratios: dict[str, float] = {}
+    clients = [n for n in CLIENTS if n in rows]
+    fastest = min(clients, key=lambda n: rows[n]["median_s"]) if clients else None
+    if KV in rows and fastest:
+        ratios["kvfleet_vs_fastest_client"] = rows[fastest]["median_s"] / rows[KV]["median_s"]
+    if KV in rows and CEIL_SERVER in rows and DISK_DURABLE in rows:
+        ceiling = max(rows[CEIL_SERVER]["median_s"], rows[DISK_DURABLE]["median_s"])
+        ratios["kvfleet_vs_min_server_disk_ceiling"] = ceiling / rows[KV]["median_s"]
+    if KV_NOSYNC in rows and CEIL_SERVER in rows:
+        ratios["kvfleet_no_fsync_vs_server_ceiling"] = rows[CEIL_SERVER]["median_s"] / rows[KV_NOSYNC]["median_s"]
+    if node_cache:
+        ratios["node_cache_hit_plus_read_vs_cat"] = node_cache["hit_plus_read_vs_cat"]
     return {
-        "best_baseline": best_baseline,
-        "kvfleet_best": kv_best,
+        "server": "SeaweedFS weed server -s3 (tools/seaweedfs), loopback",
+        "fastest_client": fastest,
         "model_bytes": total,
-        "files": files,
-        "rounds": rounds,
-        "settings": {
-            "defaults": {"concurrency": defaults.concurrency, "part_size_bytes": defaults.part_size_bytes},
-            "whole_file_part_size_bytes": whole.part_size_bytes,
+        "files": len(sizes),
+        "rounds": args.rounds,
+        "settings": {"concurrency": defaults.concurrency, "part_size_bytes": defaults.part_size_bytes},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_at_end": os.getloadavg(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
         },
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "populate_s": upload_s,
-        "pull": {
-            name: {
-                "seconds": v,
-                "median_s": med[name],
-                "median_MBps": total / med[name] / MB,
-                "spread_pct": 100 * (max(v) - min(v)) / med[name],
-            }
-            for name, v in times.items()
-        },
+        "pull": rows,
+        "failures": failures,
         "ratios": ratios,
         "node_cache": node_cache,
     }
@@ -404,70 +544,71 @@ def write_reports(results: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "weight_cache.json").write_text(json.dumps(results, indent=2) + "\n")
     pull = results["pull"]
-    rows = "\n".join(
-        f"| {name} | {p['median_s']:.2f} | {p['median_MBps']:.0f} | {p['spread_pct']:.0f}% |"
+    table = "\n".join(
+        f"| {name} | {p['work']} | {p['median_s']:.2f} | {p['median_MBps']:.0f} | {p['spread_pct']:.0f}% | "
+        f"{p['cpu_s_per_GB']:.2f} | {p['server_cpu_s_per_GB']:.2f} |"
         for name, p in pull.items()
     )
+    failed = "".join(f"- {name}: could not run here: `{why}`\n" for name, why in results["failures"].items())
     r = results["ratios"]
-    nc = results["node_cache"]
-    s = results["settings"]
 
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "NOT met"
+    def line(label: str, key: str, goal: float) -> str:
+        if key not in r:
+            return f"| {label} | not measured | >= {goal}x | NOT measured |\n"
+        return f"| {label} | {r[key]:.2f}x | >= {goal}x | {'met' if r[key] >= goal else 'NOT met'} |\n"
 
-    best = results.get("best_baseline", BOTO3)
-    best_line = (
-        f"| kvfleet at its best, {results.get('kvfleet_best', KV_WHOLE).removeprefix('kvfleet pull ')}, "
-        f"vs the best baseline, {best} | "
-        f"{r['kvfleet_best_vs_best_baseline_throughput']:.2f}x | >= 1x | "
-        f"{verdict(r['kvfleet_best_vs_best_baseline_throughput'] >= 1)} |\n"
-        f"| kvfleet (defaults) vs boto3 tuned at the same 32 MiB parts | "
-        f"{r['kvfleet_defaults_vs_tuned_boto3_same_parts_throughput']:.2f}x | >= 1x | "
-        f"{verdict(r['kvfleet_defaults_vs_tuned_boto3_same_parts_throughput'] >= 1)} |\n"
-        f"| kvfleet (whole-file parts, 16 in flight) vs boto3 tuned the same way (16 threads, whole files) | "
-        f"{r['kvfleet_whole_16_vs_tuned_boto3_whole_files_throughput']:.2f}x | >= 1x | "
-        f"{verdict(r['kvfleet_whole_16_vs_tuned_boto3_whole_files_throughput'] >= 1)} |\n"
-        if "kvfleet_best_vs_best_baseline_throughput" in r
-        else ""
+    goals = (
+        line(f"kvfleet (defaults) vs the fastest client, {results['fastest_client']}", "kvfleet_vs_fastest_client", 1.0)
+        + line(
+            "kvfleet (defaults) vs min(server ceiling, disk ceiling with fsync)",
+            "kvfleet_vs_min_server_disk_ceiling",
+            0.9,
+        )
+        + line("kvfleet without fsync vs the server ceiling", "kvfleet_no_fsync_vs_server_ceiling", 0.9)
+        + line("node-cache hit + read vs `cat` of the same files (throughput)", "node_cache_hit_plus_read_vs_cat", 0.9)
     )
-    aws_line = (
-        f"| kvfleet (part size >= largest file) vs `aws s3 cp --recursive` | "
-        f"{r['kvfleet_best_vs_awscli_throughput']:.2f}x | >= 2x | "
-        f"{verdict(r['kvfleet_best_vs_awscli_throughput'] >= 2)} |\n"
-        if "kvfleet_best_vs_awscli_throughput" in r
-        else ""
+    nc = results["node_cache"]
+    hits = (
+        f"A hit with `verify_on_hit=stat` (manifest GET, lock, lease, stat of every file) took "
+        f"{nc['hit_median_s'] * 1000:.1f} ms; hit plus reading every byte {nc['hit_plus_read_median_s']:.2f} s "
+        f"against {nc['cat_median_s']:.2f} s for `cat` (page cache, both). A hit that rehashes every file "
+        f"(`verify_on_hit=sha256`, the default) took {nc['hit_sha256_verify_median_s']:.2f} s."
+        if nc
+        else "Not measured in this run."
     )
     (out / "weight_cache.md").write_text(
-        TEMPLATE.format(
-            gb=results["model_bytes"] / 1e9,
-            files=results["files"],
-            rounds=results["rounds"],
-            cpus=results["machine"]["cpus"],
-            concurrency=s["defaults"]["concurrency"],
-            part_mib=s["defaults"]["part_size_bytes"] // MiB,
-            whole_mib=s["whole_file_part_size_bytes"] // MiB,
-            rows=rows,
-            best_vs_boto=r["kvfleet_best_vs_boto3_throughput"],
-            best_vs_boto_ok=verdict(r["kvfleet_best_vs_boto3_throughput"] >= 2),
-            def_vs_boto=r["kvfleet_defaults_vs_boto3_throughput"],
-            nosync_vs_ceiling=r["kvfleet_no_fsync_vs_server_ceiling_throughput"],
-            nosync_ok=verdict(r["kvfleet_no_fsync_vs_server_ceiling_throughput"] >= 0.9),
-            vs_both=r["kvfleet_vs_min_of_server_and_disk_ceiling_throughput"],
-            vs_both_ok=verdict(r["kvfleet_vs_min_of_server_and_disk_ceiling_throughput"] >= 0.9),
-            def_vs_ranged=r["kvfleet_defaults_vs_ranged_ceiling_throughput"],
-            aws_line=aws_line,
-            best_line=best_line,
-            hit=nc["hit_median_s"] * 1000,
-            hit_read=nc["hit_plus_read_median_s"],
-            cat=nc["cat_median_s"],
-            hit_vs_cat=nc["hit_plus_read_vs_cat"],
-            hit_ok=verdict(nc["hit_plus_read_vs_cat"] <= 1.2),
-            sha=nc["hit_sha256_verify_median_s"],
-            populate=results["populate_s"],
-            populate_mbps=results["model_bytes"] / results["populate_s"] / MB,
-            max_spread=max(p["spread_pct"] for p in pull.values()),
-            gap=GAP if r["kvfleet_no_fsync_vs_server_ceiling_throughput"] < 0.9 else "",
-        )
+        f"""# Weight cache: pull benchmark on a real S3 server
+
+Generated by `bench/weight_pull.py` (rerun it to refresh this file, `weight_cache.json` and
+`weight_cache.png`; `--report-only` rewrites the text from the JSON).
+
+**Setup.** A {results["model_bytes"] / 1e9:.2f} GB model ({results["files"]} files: safetensors shards in a
+valid safetensors layout, random BF16 data, plus config and tokenizer files) in SeaweedFS
+(`weed server -s3`, built from Go modules by tools/seaweedfs/build.sh), on loopback ports. Every
+method reads the same objects from the same server in the same run, {results["rounds"]} rounds in rotating
+order; figures are medians. The machine has {results["machine"]["cpus"]} CPU cores shared by the
+server, the client and other engineers' builds and tests (load average at the end of the run:
+{results["machine"]["load_avg_at_end"][0]:.1f}), so the figures are noisy and lower than on an idle
+machine: read the ratios, measured side by side, more than the absolute MB/s. The server's data
+sits in the page cache (loopback, no NIC, no server disk reads): an easier shape than production,
+where the NIC and the server's disks set the ceiling. CPU s/GB is the client process's user +
+system time (every thread) per GB; the server's is beside it.
+
+| method | work per byte | median s | MB/s | spread | client CPU s/GB | server CPU s/GB |
+|---|---|---|---|---|---|---|
+{table}
+
+{failed}
+![throughput](weight_cache.png)
+
+Fastest client: **{results["fastest_client"]}**.
+
+| goal | measured | target | |
+|---|---|---|---|
+{goals}
+**Node cache.** {hits}
+
+{NOTES}""".replace("\n\n\n", "\n\n")
     )
     try:
         import matplotlib
@@ -477,101 +618,65 @@ def write_reports(results: dict[str, Any], out: Path) -> None:
     except ImportError:
         return
     names = list(pull)
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(10, 5))
 
     def color(name: str) -> str:
-        if "ceiling" in name:
+        if "ceiling" in name or "sha256 alone" in name:
             return "#9a9a9a"
         return "#2a7ab0" if name.startswith("kvfleet") else "#d08c3c"
 
     ax.barh(names, [pull[n]["median_MBps"] for n in names], color=[color(n) for n in names])
     ax.set_xlabel("MB/s (median; higher is better)")
-    ax.set_title(f"Pulling a {results['model_bytes'] / 1e9:.1f} GB model from a loopback moto S3 server")
+    ax.set_title(f"{results['model_bytes'] / 1e9:.1f} GB from SeaweedFS, loopback, 2 busy cores")
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(out / "weight_cache.png", dpi=110)
     plt.close(fig)
 
 
-TEMPLATE = """# Weight cache: pull benchmark
+# What the figures mean, and what kvfleet's pull changed because of them.
+NOTES = """**Read with care: how this run was squeezed.** The committed figures come from
+`bench/weight_pull.py --size-gb 1 --shards 4 --rounds 2` (9 min; the script's default is a 3 GB
+model and 3 rounds): the machine ran at a load average of 15-18 on 2 cores during the run (other
+builds, test suites and engines), populating the model ran at 15 MB/s, and the same disk write
+(no fsync) took 14.8 s in one round and 1.75 s in the other. Absolute figures are far below what
+the same code does on an idle machine, and the spreads (up to 158%) are larger than most gaps
+between rows: only large ratios mean something here. Rerun on a quiet machine before quoting
+MB/s, and before tuning on these numbers.
 
-Generated by `bench/weight_pull.py` (rerun it to refresh this file, `weight_cache.json` and
-`weight_cache.png`).
+**What the run shows.** kvfleet's pull with its defaults (sha256 of every byte, fsync before each
+atomic rename) was the fastest way to get the model onto the disk in this run, 1.14x the fastest
+client (boto3's default `download_file`; tuned boto3 was not faster on this machine), at about the
+same client CPU per GB as boto3 (3.9 s/GB against 3.3-3.9; Run:ai's streamer 4.1, into memory;
+s3torchconnector 8.6). It reached 0.59x of the lower of the server and disk ceilings: the ceilings
+(121-157 MB/s here) do one thing each, while a pull does all of them on the same 2 shared cores.
+sha256 of the same bytes from memory runs at about 2x the server ceiling, so verification is not
+what holds the pull back here. The variants (no fsync, 16 in flight, 8 MiB parts, 1 MiB read
+chunks) all came out slower than the defaults, inside this run's noise, so the pull's defaults
+were not changed on these numbers.
 
-**Setup.** A {gb:.2f} GB model ({files} files: safetensors shards plus config and tokenizer files)
-in moto's S3 server, run as its own process on a loopback port. Every method downloads the same
-objects from the same server in the same run, {rounds} rounds in rotating order; figures are medians.
-The machine has {cpus} CPU cores shared by the server, the client and other engineers' work, so the
-numbers are noisy: the largest spread (max - min, over the median) of any row was {max_spread:.0f}%.
-kvfleet verifies the sha256 of every file while downloading and fsyncs each file before its atomic
-rename; boto3 and the AWS CLI do neither. kvfleet's defaults: {concurrency} ranged GETs in flight,
-{part_mib} MiB parts. Besides boto3's default (`download_file` one file after another, 8 MiB
-ranges, 10 threads), boto3 runs tuned as a careful user would run it: one `TransferManager` with
-every file submitted at once, 16 threads and connections, 32 MiB parts, and again with parts as
-large as the largest file (one GET per file, files in parallel: the fastest shape on this server,
-the same shape as kvfleet's whole-file row).
+**Hit + read against `cat`.** It reached 0.69x `cat`'s throughput (goal 0.9x, NOT met). Of the
+difference, 69 ms is the hit itself (the manifest GET from S3, the lock, the lease, a stat of every
+file), a fixed cost that is 26% of `cat`'s 0.27 s for this 1 GB model and shrinks in proportion as
+models grow; the rest is the benchmark's Python read loop against `cat`. The default hit, which
+rehashes every file, took 3.2 s here.
 
-| method | median s | MB/s | spread |
-|---|---|---|---|
-{rows}
+**Clients that did not run as intended.**
+- boto3 with the CRT transfer client failed against SeaweedFS with `AWS_IO_SOCKET_CLOSED` (the
+  error is in the JSON's `failures`); the cause was not found in this run, so there is no CRT
+  figure.
+- s3torchconnector ran, but slowly and with the most CPU per GB: its Mountpoint CRT client was set
+  to a 100 Gb/s throughput target, which opens many connections and threads on 2 shared cores; it
+  was not tuned further.
 
-![throughput](weight_cache.png)
+**Found while measuring.** CPython's `os` module has no `sync_file_range`, so the pull's "start
+writeback as chunks land" (`partial_file._SYNC_FILE_RANGE`) is never called: the durability the pull
+pays is the fsync of each file before its atomic rename, and the durable disk row does exactly that.
 
-| comparison | measured | goal | |
-|---|---|---|---|
-{best_line}| kvfleet (part size >= largest file) vs boto3 default | {best_vs_boto:.2f}x | >= 2x | {best_vs_boto_ok} |
-{aws_line}| kvfleet, no fsync, vs the server's ceiling | {nosync_vs_ceiling:.2f}x | >= 0.9x | {nosync_ok} |
-| kvfleet (with fsync) vs the slower of server and disk ceilings | {vs_both:.2f}x | >= 0.9x | {vs_both_ok} |
-| node-cache hit + reading the bytes vs `cat` of them | {hit_vs_cat:.2f}x | <= 1.2x | {hit_ok} |
-
-kvfleet with its defaults ({part_mib} MiB parts) ran at {def_vs_boto:.2f}x boto3's throughput here, and at
-{def_vs_ranged:.2f}x the server's own ceiling for that request shape.
-
-**Which part is the server's.** The "server ceiling" rows only GET and discard bytes: no hashing,
-no disk. moto answers a GET, ranged or not, by reading and copying the *whole* object under a
-per-object lock (`FakeKey.value` in moto/s3/models.py) before slicing out the range, so a ranged
-GET costs as much as the whole object and ranges of one object are served one at a time. On this
-server many small ranges are the slowest way to read a file: boto3's default (8 MiB ranges, 10
-threads, one file after another) pays the whole-object cost for every 8 MiB, and so does kvfleet
-with {part_mib} MiB parts, less often. The fastest shape moto offers is one GET per file with the
-files in parallel, which kvfleet does with `--part-size-mib {whole_mib}` (parts are streamed in
-chunks, so a large part costs no memory). On real S3 a ranged GET costs what its range costs, and
-kvfleet's default part size is the one to keep.
-
-**Which part is the disk's.** Writing the same bytes and fsyncing each file ("disk ceiling") is
-what kvfleet's durability costs on this machine's virtual disk; with fsync on, a pull cannot beat
-the slower of the server's and the disk's ceilings. kvfleet starts writeback while chunks arrive
-(`sync_file_range`), so the final fsync mostly finds the data already on disk. The "no fsync" row
-isolates the download and hashing path for the comparison with the server's ceiling.
-
-**Against tuned boto3.** Tuned as a careful user would (every file at once, 16 connections), boto3
-is a strong baseline on this server, and with whole-file parts it is the best of the baselines.
-It does less per byte than kvfleet: no sha256 of the bytes against the manifest, no fsync, no
-atomic rename, so a crash or a corrupt object leaves a model it cannot tell from a good one. The
-"no fsync" row takes the disk out of kvfleet's figure; the hash (one pass over every byte on the
-same 2 cores moto uses) stays, because verification is the point of the cache. Where kvfleet
-trails the best baseline, that is the price of those guarantees on this machine, measured.
-
-{gap}**Node cache.** A hit with `verify_on_hit=stat` (manifest GET, lock, lease, stat of every file) took {hit:.1f} ms.
-A hit plus reading every byte once (what the engine's loader does next) took {hit_read:.2f} s, against
-{cat:.2f} s for `cat` of the same files from the page cache. A hit that rehashes every file
-(`verify_on_hit=sha256`, the default) took {sha:.2f} s.
-
-Populating the model (multipart upload, 64 MiB parts, 8 in flight, with the local sha256 pass)
-took {populate:.1f} s ({populate_mbps:.0f} MB/s).
-
-**GPU.** No GPU was available for this run; the pull path does not use one.
-"""
-
-GAP = """**Why kvfleet stays below the server's ceiling here.** The ceiling rows do no work per byte on
-the client; kvfleet hashes every byte (sha256, about 1.7 GB/s on one core of this machine) and
-writes it to the page cache. On 2 cores, with moto using one of them and other work running on the
-shared machine, that client work takes time the raw GETs do not pay, and the no-fsync row's
-spread shows how much the shared machine moved it.
-Skipping the hash would close the gap and lose the verification the issue asks for, so it stays.
-
+**Not measured here.** The engine loading shards as they land (overlap of load and pull) and
+`bench/cold_start.py` with and without it; the GPU machine (vLLM's `runai_streamer` load format).
 """
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,12 +4,14 @@ only tests use) or in kvfleet_testkit (testkit/: helpers the benchmarks share)."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kvfleet.free_port import pick_free_port
+from kvfleet_testkit.seaweedfs import SeaweedError, SeaweedS3, seaweedfs_s3_server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,6 +24,20 @@ def repo_root() -> Path:
 @pytest.fixture
 def free_port() -> Iterator[int]:
     yield pick_free_port()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """A real S3 server (SeaweedFS's ``weed server -s3``, tools/seaweedfs/build.sh) on free loopback
+    ports, one per session. Outside CI a test skips with the reason when it cannot be built or
+    started; under CI (``CI=true``) that fails."""
+    try:
+        with seaweedfs_s3_server(tmp_path_factory.mktemp("seaweedfs")) as server:
+            yield server
+    except SeaweedError as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the S3 server (SeaweedFS) could not be started under CI: {e}")
+        pytest.skip(f"no S3 server (SeaweedFS; run tools/seaweedfs/build.sh): {e}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -10,7 +10,9 @@ journal lists; a changed object (new ETag) or part size starts over.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from kvfleet.weight_cache.errors import ChecksumMismatchError, ManifestError, SourceUnavailableError
+from kvfleet.weight_cache.errors import ChecksumMismatchError, DiskFullError, ManifestError, SourceUnavailableError
 from kvfleet.weight_cache.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ManifestFile, digest_of
 from kvfleet.weight_cache.manifest import sha256_file as _sha256_file
 from kvfleet.weight_cache.partial_file import WORK_DIR
@@ -83,6 +85,26 @@ def _already_in_place(entry: ManifestFile, final: Path) -> bool:
     return _sha256_file(final) == entry.sha256
 
 
+def space_shortfall_bytes(need_bytes: int, free_bytes: int) -> int:
+    """How many bytes the disk lacks for ``need_bytes`` more (0: it fits). Pure, so the rule reads
+    in one place: a pull that cannot fit fails before it writes anything."""
+    return max(0, need_bytes - free_bytes)
+
+
+def _bytes_on_disk(work: Path) -> int:
+    """Blocks already allocated to partial files (a resume writes into them, not beside them)."""
+    if not work.is_dir():
+        return 0
+    return sum(p.stat().st_blocks * 512 for p in work.glob("*.part"))
+
+
+def _disk_full(dest: Path, need_bytes: int, free_bytes: int, cause: str) -> DiskFullError:
+    return DiskFullError(
+        f"{dest}: no space left for the model: {need_bytes} more bytes needed, {free_bytes} free "
+        f"({cause}); free space on the node cache's disk or lower its size limit. Partial files removed."
+    )
+
+
 def pull_to_dir(
     client: S3Client,
     uri: S3Uri,
@@ -127,6 +149,11 @@ def pull_to_dir(
     progress.on_start(manifest.total_bytes, reused_bytes)
 
     work = dest / WORK_DIR
+    need = sum(entry.size_bytes for entry, _ in todo) - _bytes_on_disk(work)
+    free = shutil.disk_usage(dest).free
+    if space_shortfall_bytes(need, free):
+        shutil.rmtree(work, ignore_errors=True)
+        raise _disk_full(dest, need, free, "checked before the download")
     work.mkdir(exist_ok=True)
     downloaded = 0
     files_downloaded = len(todo)
@@ -134,6 +161,13 @@ def pull_to_dir(
         round_ = PullRound(client, uri, work, settings, progress, sleep)
         try:
             failed = round_.run(todo)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            # Something else filled the disk during the pull: a partial file is of no use to a
+            # resume that cannot fit either, and it holds the space others need.
+            shutil.rmtree(work, ignore_errors=True)
+            raise _disk_full(dest, need, shutil.disk_usage(dest).free, f"{os.strerror(e.errno)} while writing") from e
         finally:
             downloaded += round_.downloaded_bytes
             reused_bytes += round_.resumed_bytes

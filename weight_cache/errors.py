@@ -61,6 +61,10 @@ class NodeCacheFullError(NodeCacheError):
     """The size bound cannot be met without evicting models that are in use."""
 
 
+class DiskFullError(NodeCacheError):
+    """The disk under the destination has no room for the model's bytes; nothing partial is left."""
+
+
 class LockTimeoutError(NodeCacheError):
     """Another process held the model's lock longer than the configured wait."""
 

@@ -26,7 +26,8 @@ log = logging.getLogger("kvfleet.weight_cache.download")
 
 WORK_DIR = f"{RESERVED_PREFIX}-partial"
 
-# Linux only; elsewhere the fsync does all the flushing.
+# Only where the runtime exposes it (CPython 3.11's os module does not, on Linux either):
+# elsewhere the fsync does all the flushing.
 _SYNC_FILE_RANGE = getattr(os, "sync_file_range", None)
 _SYNC_FILE_RANGE_WRITE = getattr(os, "SYNC_FILE_RANGE_WRITE", 2)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 
 from kvfleet.weight_cache.download import FetchedManifest, PullResult, fetch_manifest, pull_to_dir
-from kvfleet.weight_cache.errors import DigestMismatchError, ManifestError, SourceUnavailableError
+from kvfleet.weight_cache.errors import DigestMismatchError, DiskFullError, ManifestError, SourceUnavailableError
 from kvfleet.weight_cache.leases import ModelLease
 from kvfleet.weight_cache.manifest import Manifest, digest_of
 from kvfleet.weight_cache.node_cache import HitCheck, NodeCache
@@ -109,9 +110,13 @@ def pull_model(
             staging = cache.stage_for_repair(digest, check.good) if check.reasons else cache.staging_path(digest)
             cache.record(digest, manifest, state="pulling")
             cache.make_room(manifest.total_bytes, keep=digest)
-            result = pull_to_dir(
-                client, uri, staging, settings, progress=progress, fetched=fetched, known_good=check.good
-            )
+            try:
+                result = pull_to_dir(
+                    client, uri, staging, settings, progress=progress, fetched=fetched, known_good=check.good
+                )
+            except DiskFullError:
+                shutil.rmtree(staging, ignore_errors=True)  # nothing of a pull that cannot fit stays
+                raise
             os.replace(staging, cache.model_path(digest))  # atomic: readers see all of it or nothing
             cache.record_verified(digest, manifest)  # every file was hashed as it landed
         lease = cache.acquire_lease(digest)

@@ -69,7 +69,8 @@ class PullSettings(_Settings):
     # cores; the pull's own workers are idle while a hit is checked.
     hash_workers: int = Field(default=4, ge=1, le=64)
     # Each finished file is fsynced before its atomic rename so a crash never leaves a torn file;
-    # writeback starts as chunks land (sync_file_range), so the fsync mostly finds it done.
+    # writeback starts as chunks land where os.sync_file_range exists (not in CPython 3.11), else
+    # the fsync does all the flushing (docs/benchmarks/weight_cache.md prices it).
     fsync: bool = True
 
     @model_validator(mode="after")

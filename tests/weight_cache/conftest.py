@@ -1,33 +1,34 @@
-"""Weight-cache fixtures: moto's S3 server on a free loopback port (real HTTP, real boto3), a
-bucket per test, credentials through a mounted-Secret-style directory, and model builders."""
+"""Weight-cache fixtures: a real S3 server (SeaweedFS, the session's ``seaweedfs`` fixture in
+tests/conftest.py) on free loopback ports, a bucket per test, its credentials through a
+mounted-Secret-style directory, and model builders. Faults a real server does not produce on
+demand (a dropped connection on the n-th GET) are injected in the client by botocore's own event
+hooks, against this same server; no test here needs moto."""
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kvfleet.weight_cache import S3Settings, make_client
 from kvfleet.weight_cache.s3 import S3Client
-from kvfleet_testkit.s3_server import moto_s3_server
+from kvfleet_testkit.seaweedfs import SeaweedS3
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    with moto_s3_server() as endpoint:
-        yield endpoint
+def s3_endpoint(seaweedfs: SeaweedS3) -> str:
+    return seaweedfs.endpoint_url
 
 
 @pytest.fixture(scope="session")
-def credentials_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def credentials_dir(seaweedfs: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("aws-secret")
-    (directory / "AWS_ACCESS_KEY_ID").write_text("AKIDTESTKEY\n")
-    (directory / "AWS_SECRET_ACCESS_KEY").write_text("s3cr3t-value-never-logged\n")
+    (directory / "AWS_ACCESS_KEY_ID").write_text(seaweedfs.access_key + "\n")
+    (directory / "AWS_SECRET_ACCESS_KEY").write_text(seaweedfs.secret_key + "\n")
     return directory
 
 

@@ -1,4 +1,4 @@
-"""Engine artifacts keyed by fingerprint, against moto's S3 server: signed hits, clean misses, bad
+"""Engine artifacts keyed by fingerprint, against a real S3 server (SeaweedFS): signed hits, clean misses, bad
 artifacts that are misses with a warning instead of crashes, and planted ones (unsigned, another
 key, tampered, replayed under another identity) that are refused with the reason."""
 

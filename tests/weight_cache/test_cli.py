@@ -1,4 +1,4 @@
-"""``kvfleet cache`` and ``kvfleet artifacts`` end to end against moto's S3 server."""
+"""``kvfleet cache`` and ``kvfleet artifacts`` end to end against a real S3 server (SeaweedFS)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ def runner(s3_endpoint: str, credentials_dir: Path, monkeypatch: pytest.MonkeyPa
     return CliRunner()
 
 
-def test_cache_populate_then_pull(runner: CliRunner, bucket: str, small_model: Path, tmp_path: Path) -> None:
+def test_cache_populate_then_pull(
+    runner: CliRunner, bucket: str, small_model: Path, tmp_path: Path, credentials_dir: Path
+) -> None:
+    secret = (credentials_dir / "AWS_SECRET_ACCESS_KEY").read_text().strip()
     uri = f"s3://{bucket}/models/small"
     out = runner.invoke(cli, ["cache", "populate", str(small_model), uri, "--part-size-mib", "5", "--quiet"])
     assert out.exit_code == 0, out.output
@@ -33,7 +36,7 @@ def test_cache_populate_then_pull(runner: CliRunner, bucket: str, small_model: P
     assert out.exit_code == 0, out.output
     assert out.stdout.startswith("pulled ") and "/s" in out.output and digest in out.output
     assert tree_bytes(dest) == tree_bytes(small_model)
-    assert "s3cr3t" not in out.output
+    assert secret not in out.output
 
     root = tmp_path / "node"
     for expected in ("pulled", "node cache hit"):

@@ -1,4 +1,4 @@
-"""populate and pull against moto's S3 server (real HTTP, real boto3)."""
+"""populate and pull against a real S3 server (SeaweedFS; real HTTP, real boto3)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from kvfleet.weight_cache import (
 )
 from kvfleet.weight_cache.progress import CountingProgress, PullTracker
 from kvfleet.weight_cache.s3 import S3Client
+from kvfleet_testkit.seaweedfs import SeaweedS3
 from tests.conftest import pick_free_port
 from tests.weight_cache.conftest import SMALL_MODEL, MiB, tree_bytes, write_model
 
@@ -229,11 +230,12 @@ def test_hf_source_unreachable_fails_clearly(s3: S3Client, bucket: str) -> None:
 
 
 def test_credentials_come_from_the_mounted_directory_and_are_not_shown(
-    s3: S3Client, s3_settings: object, caplog: pytest.LogCaptureFixture
+    s3: S3Client, s3_settings: S3Settings, seaweedfs: SeaweedS3, caplog: pytest.LogCaptureFixture
 ) -> None:
     creds = s3._request_signer._credentials  # the signer boto3 built from the mounted files
-    assert creds.access_key == "AKIDTESTKEY"
-    assert "s3cr3t" not in repr(s3_settings) and "s3cr3t" not in caplog.text
+    assert creds.access_key == seaweedfs.access_key
+    s3.list_buckets()  # the server accepts them
+    assert seaweedfs.secret_key not in repr(s3_settings) and seaweedfs.secret_key not in caplog.text
 
 
 class _FlakyNetwork:

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from kvfleet.weight_cache import DisallowedFileError, Manifest, ManifestError, PullSettings, UnsafePathError
+from kvfleet.weight_cache.download import space_shortfall_bytes
 from kvfleet.weight_cache.eviction import CacheEntry, plan_eviction
 from kvfleet.weight_cache.fingerprint import (
     Accelerator,
@@ -242,3 +243,10 @@ def test_cache_location_from_the_deployment_spec() -> None:
     settings = settings_for_cache_spec(cache, Path("/var/run/secrets/s3"))
     assert (settings.endpoint_url, settings.region) == ("http://minio.cache:9000", "eu-1")
     assert settings_for_cache_spec(CacheSpec()).endpoint_url is None  # boto3's standard configuration decides
+
+
+def test_space_shortfall_is_what_the_disk_lacks() -> None:
+    assert space_shortfall_bytes(need_bytes=100, free_bytes=250) == 0
+    assert space_shortfall_bytes(need_bytes=250, free_bytes=250) == 0  # exactly fits
+    assert space_shortfall_bytes(need_bytes=300, free_bytes=250) == 50
+    assert space_shortfall_bytes(need_bytes=-10, free_bytes=0) == 0  # partial files already hold more than is left
