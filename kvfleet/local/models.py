@@ -84,7 +84,10 @@ class EngineLaunch:
             host=host,
             python=sys.executable,
             kv_events_port=kv_events_port or 0,
-            kv_events_host=host,
+            # vLLM binds its PUB socket only on a wildcard address (a loopback one makes it connect
+            # to a collector there, and nobody would bind): every interface, as in a pod. The
+            # reference engine binds loopback (engine/kv_events.binds).
+            kv_events_host="*",
             drain_timeout_s=self.drain_timeout_s,
         )
         return list(render_vllm(spec, inputs).argv)

@@ -83,7 +83,10 @@ async def fleet(vllm_installed: None, tmp_path_factory: pytest.TempPathFactory) 
     from kvfleet.engine.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("vllm-fleet")
-    model = make_tiny_model(root / "model", **VLLM_TINY_MODEL)
+    # Whole words only: vLLM sends one chunk per token only when each token decodes to whole
+    # characters (it holds byte fragments back and merges them), and the router counts a migrated
+    # stream's tokens by its chunks (router/migration.py).
+    model = make_tiny_model(root / "model", words_only=True, **VLLM_TINY_MODEL)
     (root / "m.yaml").write_text(yaml.safe_dump(manifest(model)))
     settings = LocalSettings(
         router_port=0,
