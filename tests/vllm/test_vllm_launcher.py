@@ -27,7 +27,7 @@ from tests.engine_image.conftest import (  # the launcher tests' fixtures: moto'
     wait_until,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 START_TIMEOUT_S = 900.0  # pull, three interpreters' imports, model load, on 2 shared cores
 
 
@@ -40,17 +40,21 @@ def _get_json(url: str) -> Any:
 
 
 async def _stream(url: str, body: dict[str, Any], first: asyncio.Event) -> tuple[int, bool]:
-    chunks, done = 0, False
-    async with aiohttp.ClientSession() as session, session.post(url, json={**body, "stream": True}) as response:
+    """(tokens generated, by the stream's final usage; ended with [DONE])."""
+    tokens, done = 0, False
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
         assert response.status == 200, await response.text()
         async for raw in response.content:
             line = raw.decode().strip()
             if line == "data: [DONE]":
                 done = True
             elif line.startswith("data: "):
-                chunks += 1
+                event = json.loads(line[6:])
+                if event.get("usage"):
+                    tokens = int(event["usage"]["completion_tokens"])
                 first.set()
-    return chunks, done
+    return tokens, done
 
 
 def test_launcher_starts_vllm_on_cpu_and_drains_it(
@@ -111,7 +115,7 @@ def test_launcher_starts_vllm_on_cpu_and_drains_it(
         code = await asyncio.to_thread(launcher.stop, 120.0)
         return await stream, code
 
-    (chunks, done), code = asyncio.run(drain())
-    assert done and chunks >= 300, (chunks, done)
+    (tokens, done), code = asyncio.run(drain())
+    assert done and tokens == 300, (tokens, done)  # every token of the accepted stream
     assert code == 0, launcher.log[-3000:]
     assert "signal_forwarded" in launcher.log

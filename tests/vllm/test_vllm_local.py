@@ -29,7 +29,7 @@ from kvfleet.local.runtime import LocalRuntime, load_manifests
 from kvfleet.local.settings import LocalSettings, ProcessSettings
 from kvfleet.router.prompt_tokens import engine_block_hashes, load_tokenizer
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.asyncio(loop_scope="module")]
 
 NAME = "tiny-vllm"
 SERVED = "tiny-vllm"
