@@ -293,19 +293,24 @@ async def test_every_vllm_metric_kvfleet_reads_has_data_in_prometheus(fleet: Fle
 async def _stream_counting(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], first: asyncio.Event
 ) -> tuple[int, bool]:
-    """(chunks, ended with [DONE]) of one stream; sets ``first`` when its first chunk arrives."""
-    chunks, done = 0, False
-    async with session.post(url, json={**body, "stream": True}, timeout=REQUEST_TIMEOUT) as response:
+    """(tokens by the stream's final usage, ended with [DONE]) of one stream; sets ``first`` when its
+    first chunk arrives. Not chunks: vLLM merges a stream's deltas into one chunk whenever its reader
+    lags (a busy machine), so chunks undercount tokens."""
+    tokens, done = 0, False
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with session.post(url, json=body, timeout=REQUEST_TIMEOUT) as response:
         assert response.status == 200, await response.text()
         async for raw in response.content:
             line = raw.decode().strip()
             if line == "data: [DONE]":
                 done = True
             elif line.startswith("data: "):
-                assert "error" not in line, line
-                chunks += 1
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                if event.get("usage"):
+                    tokens = int(event["usage"]["completion_tokens"])
                 first.set()
-    return chunks, done
+    return tokens, done
 
 
 async def _running_on(session: aiohttp.ClientSession, url: str) -> float:
@@ -317,9 +322,10 @@ async def _running_on(session: aiohttp.ClientSession, url: str) -> float:
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="found against vLLM 0.32.0: the continuation is accepted (200, continue_final_message) and the "
-    "client's stream ends with [DONE], but short (116 and 180 of 200 tokens in two runs); not yet explained",
+    strict=False,
+    reason="found against vLLM 0.32.0: the router counts a stream's tokens by its chunks (router/migration.py), "
+    "and vLLM merges deltas into one chunk whenever its reader lags, so the continuation's max_tokens and the "
+    "client's count are off on a busy machine (116 and 180 chunks of 200 tokens; whole in a third run)",
 )
 async def test_kill_9_mid_stream_is_continued_on_the_other_replica(fleet: Fleet) -> None:
     """Stream migration: the router's continuation (chat: the text so far as a final assistant
@@ -343,6 +349,7 @@ async def test_kill_9_mid_stream_is_continued_on_the_other_replica(fleet: Fleet)
         chunks, done = await stream
     assert done, "the client's stream was cut"
     # One whole stream: every token once (a continuation may run one token past, migration.py says).
+    # The final usage is the router's: its count of the first part is the chunks it forwarded.
     assert max_tokens <= chunks <= max_tokens + 2, chunks
 
 
@@ -362,8 +369,8 @@ async def test_sigterm_lets_running_streams_finish(fleet: Fleet) -> None:
         started = time.monotonic()
         os.kill(replica.child.pid, signal.SIGTERM)
         results = await asyncio.gather(*streams)
-    # Every accepted stream ran to its length (one chunk per token) and closed with [DONE].
-    assert all(done and chunks >= max_tokens for chunks, done in results), results
+    # Every accepted stream ran to its length and closed with [DONE].
+    assert all(done and tokens == max_tokens for tokens, done in results), results
     for _ in range(240):  # and the process does exit
         if replica.child.process.returncode is not None:
             break
