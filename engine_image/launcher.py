@@ -181,6 +181,7 @@ class Launcher:
             artifacts_dir=artifacts_dir,
             reference=self.settings.reference,
             kvfleet_command=(sys.executable, "-m", "kvfleet.cli"),
+            python=sys.executable,
             drain_timeout_s=self.settings.stop.grace_s,
             kv_events_port=self.settings.kv_events_port,
         )

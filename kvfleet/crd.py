@@ -72,10 +72,10 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "spec.engine.tensorParallelSize must divide spec.resources.gpus",
             "fieldPath": ".engine.tensorParallelSize",
         },
-        {  # InferenceDeploymentSpec._cross_checks: vLLM needs GPUs
-            "rule": f"(has(self.engine) && has(self.engine.kind) ? self.engine.kind : '{_ENGINE_KIND}') == "
-            "'reference' || !has(self.resources) || !has(self.resources.gpus) || self.resources.gpus >= 1",
-            "message": "spec.resources.gpus must be >= 1 for every engine.kind but reference (GPUs needed)",
+        {  # InferenceDeploymentSpec._cross_checks: SGLang needs GPUs (vLLM and reference also run on CPU)
+            "rule": f"(has(self.engine) && has(self.engine.kind) ? self.engine.kind : '{_ENGINE_KIND}') != "
+            "'sglang' || !has(self.resources) || !has(self.resources.gpus) || self.resources.gpus >= 1",
+            "message": "spec.resources.gpus must be >= 1 for engine.kind sglang (GPUs needed)",
             "fieldPath": ".resources.gpus",
         },
         {  # InferenceDeploymentSpec._cross_checks: tensor parallelism needs GPUs

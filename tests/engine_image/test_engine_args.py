@@ -49,6 +49,11 @@ VALUE_CASES = [
     ("vllm", {"quantization": "awq"}, "--quantization", "awq"),
     ("vllm", {}, "--quantization", None),
     ("vllm", {"gpuMemoryUtilization": 0.85}, "--gpu-memory-utilization", "0.85"),
+    ("vllm", {}, "--kv-cache-memory-bytes", None),
+    # On CPU vLLM reads the utilization as a share of the whole machine: the KV cache is sized in
+    # bytes from the pod's memory instead (a quarter of it; 1 GiB when unset).
+    ("vllm", {"gpus": 0}, "--gpu-memory-utilization", None),
+    ("vllm", {"gpus": 0}, "--kv-cache-memory-bytes", str(1 << 30)),
     ("sglang", {}, "--model-path", str(MODEL)),
     ("sglang", {"tensorParallelSize": 2}, "--tp-size", "2"),
     ("sglang", {"maxModelLen": 4096}, "--context-length", "4096"),
@@ -100,10 +105,38 @@ def test_prefix_caching_on_is_the_engine_default(kind: str) -> None:
     assert "--no-enable-prefix-caching" not in argv
 
 
+def test_vllm_cpu_kv_cache_from_memory() -> None:
+    spec = InferenceDeploymentSpec.model_validate(
+        {"model": {"uri": "s3://bucket-a/m"}, "engine": {"kind": "vllm"}, "resources": {"gpus": 0, "memory": "8Gi"}}
+    )
+    command = render_engine_command(spec, inputs())
+    assert flag_value(command.argv, "--kv-cache-memory-bytes") == str(2 << 30)
+    # Spawned engine processes must not import a working directory's operator/ as the stdlib's.
+    assert command.env["PYTHONSAFEPATH"] == "1"
+
+
+def test_vllm_finishes_requests_on_sigterm() -> None:
+    # vLLM's --shutdown-timeout defaults to 0: abort everything in flight on SIGTERM.
+    argv = render_engine_command(make_spec("vllm"), inputs(drain_timeout_s=599.5)).argv
+    assert flag_value(argv, "--shutdown-timeout") == "600"
+    assert "--shutdown-timeout" not in render_engine_command(make_spec("vllm"), inputs()).argv
+    own = render_engine_command(make_spec("vllm", extraArgs=["--shutdown-timeout=5"]), inputs(drain_timeout_s=60)).argv
+    assert "--shutdown-timeout" not in own and own[-1] == "--shutdown-timeout=5"
+
+
+def test_vllm_cpu_kv_cache_left_to_extra_args() -> None:
+    command = render_engine_command(
+        make_spec("vllm", gpus=0, extraArgs=["--kv-cache-memory-bytes=1000000000"]), inputs()
+    )
+    assert [a for a in command.argv if a.startswith("--kv-cache-memory-bytes")] == [
+        "--kv-cache-memory-bytes=1000000000"
+    ]
+
+
 @pytest.mark.parametrize(
     ("kind", "program"),
     [
-        ("vllm", ("vllm", "serve", str(MODEL))),
+        ("vllm", ("python3", "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL))),
         ("sglang", ("python3", "-m", "sglang.launch_server")),
         ("reference", ("kvfleet", "engine", "serve")),
     ],

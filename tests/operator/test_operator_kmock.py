@@ -229,7 +229,7 @@ async def test_invalid_spec_sets_degraded_and_creates_nothing(cluster: Cluster, 
 async def test_invalid_update_leaves_children_unchanged(cluster: Cluster, operator: RunningOperator) -> None:
     await cluster.create_infd(tiny())
     dep = await eventually(lambda: cluster.get(DEPLOYMENTS, NS, "tiny-engine"), what="the Deployment")
-    await cluster.patch_infd(NS, "tiny", {"spec": {"resources": {"gpus": 0}, "engine": {"kind": "vllm"}}})
+    await cluster.patch_infd(NS, "tiny", {"spec": {"resources": {"gpus": 0}, "engine": {"kind": "sglang"}}})
     infd = await eventually(
         lambda: (
             (o := cluster.get(INFD, NS, "tiny"))

@@ -90,7 +90,12 @@ CASES: list[tuple[str, list[tuple[str, Any]], str, str]] = [
         "1",
     ),
     ("negative-gpus", [("spec.resources.gpus", -1)], "spec.resources.gpus", "greater"),
-    ("vllm-without-gpus", [("spec.resources.gpus", 0)], "spec.resources.gpus", "gpus"),
+    (
+        "sglang-without-gpus",
+        [("spec.engine.kind", "sglang"), ("spec.resources.gpus", 0)],
+        "spec.resources.gpus",
+        "gpus",
+    ),
     ("max-replicas-zero", [("spec.autoscaling.maxReplicas", 0)], "spec.autoscaling.maxReplicas", "greater"),
     ("max-replicas-unbounded", [("spec.autoscaling.maxReplicas", 10**9)], "spec.autoscaling.maxReplicas", "less"),
     (

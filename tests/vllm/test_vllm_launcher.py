@@ -1,0 +1,121 @@
+"""The launcher (`kvfleet engine launch`, the engine image's entrypoint) with ``engine.kind: vllm``
+and ``resources.gpus: 0``: it pulls the weights from S3 (moto's server), renders vLLM's command
+(``render_vllm``), starts vLLM's CPU build, reports the cold start, serves, and on SIGTERM vLLM
+finishes the stream it is running and both exit 0. One vLLM start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kvfleet.local.models import VLLM_TINY_MODEL
+from kvfleet.weight_cache import populate
+from kvfleet.weight_cache.s3 import S3Client
+from tests.engine_image.conftest import (  # the launcher tests' fixtures: moto's S3 server, launchers
+    LauncherProcess,
+    launcher_env,
+    launchers,  # noqa: F401
+    s3_client,  # noqa: F401
+    s3_endpoint,  # noqa: F401
+    wait_until,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
+START_TIMEOUT_S = 900.0  # pull, three interpreters' imports, model load, on 2 shared cores
+
+
+def _get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+
+
+async def _stream(url: str, body: dict[str, Any], first: asyncio.Event) -> tuple[int, bool]:
+    """(tokens generated, by the stream's final usage; ended with [DONE])."""
+    tokens, done = 0, False
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+        assert response.status == 200, await response.text()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                event = json.loads(line[6:])
+                if event.get("usage"):
+                    tokens = int(event["usage"]["completion_tokens"])
+                first.set()
+    return tokens, done
+
+
+def test_launcher_starts_vllm_on_cpu_and_drains_it(
+    vllm_installed: None,
+    tmp_path: Path,
+    s3_client: S3Client,  # noqa: F811
+    s3_endpoint: str,  # noqa: F811
+    launchers: list[LauncherProcess],  # noqa: F811
+) -> None:
+    from kvfleet.engine.tiny_model import make_tiny_model
+
+    local = make_tiny_model(tmp_path / "model", **VLLM_TINY_MODEL)
+    bucket = f"vllm-{uuid.uuid4().hex[:10]}"
+    s3_client.create_bucket(Bucket=bucket)
+    uri = f"s3://{bucket}/models/tiny"
+    populate(s3_client, local, uri)
+    spec = {
+        "name": "tiny",
+        "namespace": "default",
+        "servedName": "tiny",
+        "spec": {
+            "model": {"uri": uri},
+            "engine": {
+                "kind": "vllm",
+                "maxModelLen": 512,
+                "dtype": "float32",
+                "extraArgs": ["--enforce-eager", "--block-size", "32", "--max-num-seqs", "4"],
+            },
+            "resources": {"gpus": 0, "memory": "2Gi"},
+            "cache": {"bucket": bucket},
+        },
+    }
+    launcher = LauncherProcess(spec, tmp_path, launcher_env(s3_endpoint, tmp_path / "node"))
+    launchers.append(launcher)
+    report = wait_until(
+        lambda: (
+            (doc := _get_json(f"http://127.0.0.1:{launcher.metrics_port}/coldstart")) and doc.get("complete") and doc
+        ),
+        START_TIMEOUT_S,
+        "vLLM's cold start through the launcher",
+        launcher,
+    )
+    assert report["phaseDetails"]["pull"]["source"] == "s3", report
+    print(f"launcher cold start with vLLM: {json.dumps(report['phases'])}")
+    log = launcher.log
+    assert "vllm.entrypoints.openai.api_server" in log and "--kv-cache-memory-bytes" in log, log[-3000:]
+    assert "--shutdown-timeout" in log, "the drain budget must reach vLLM"
+
+    # SIGTERM while a stream runs: the launcher forwards it, vLLM finishes the stream, both exit 0.
+    url = f"http://127.0.0.1:{launcher.engine_port}/v1/completions"
+    body = {"model": "tiny", "prompt": "launcher drain test " * 8, "max_tokens": 300, "ignore_eos": True}
+
+    async def drain() -> tuple[tuple[int, bool], int]:
+        first = asyncio.Event()
+        stream = asyncio.create_task(_stream(url, body, first))
+        await asyncio.wait_for(first.wait(), 120)
+        assert not stream.done()
+        code = await asyncio.to_thread(launcher.stop, 120.0)
+        return await stream, code
+
+    (tokens, done), code = asyncio.run(drain())
+    assert done and tokens == 300, (tokens, done)  # every token of the accepted stream
+    assert code == 0, launcher.log[-3000:]
+    assert "signal_forwarded" in launcher.log
