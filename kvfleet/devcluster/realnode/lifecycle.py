@@ -167,10 +167,7 @@ class RealNode:
         """The node's part of the teardown (also after a failed start); ``pids`` are every process
         of the cluster, so the namespace sweep spares the control plane that still runs in it."""
         inode = netns_inode(self.holder_pid) if "netns" in self.procs else None
-        stop_node(self.settings, pids, inode)
-        for name in ("kube-proxy", "kubelet", "containerd"):
-            if name in self.procs:
-                self.procs[name].poll()  # reap: stop_pids waited for it by PID
+        stop_node(self.settings, pids, inode, self.procs)
 
 
 def remove_pods(settings: NodeSettings, timeout_s: float) -> None:
@@ -182,14 +179,39 @@ def remove_pods(settings: NodeSettings, timeout_s: float) -> None:
         subprocess.run([*crictl, "rmp", "--all", "--force"], capture_output=True, timeout=timeout_s, check=False)
 
 
-def stop_node(settings: NodeSettings, pids: dict[str, int], inode: str | None) -> list[str]:
+def _stop(
+    names: list[str], pids: dict[str, int], handles: dict[str, subprocess.Popen[bytes]], timeout_s: float
+) -> list[str]:
+    """Our own children by their handles (even one still in nsenter, before it execs its program);
+    a cluster another process started by its PIDs, checked to run our program."""
+    by_handle = [n for n in names if n in handles]
+    for name in by_handle:
+        if handles[name].poll() is None:
+            handles[name].terminate()
+    for name in by_handle:
+        try:
+            handles[name].wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            handles[name].kill()
+            handles[name].wait(timeout=10)
+    return by_handle + stop_pids(pids, [n for n in names if n in pids and n not in handles], timeout_s)
+
+
+def stop_node(
+    settings: NodeSettings,
+    pids: dict[str, int],
+    inode: str | None,
+    handles: dict[str, subprocess.Popen[bytes]] | None = None,
+) -> list[str]:
     """kube-proxy and the kubelet, then the pods, then containerd; then whatever still runs in the
     kubelet's cgroup root or the node's network namespace (containerd's shims, a container whose
     shim died), each killed by its PID; then the cgroup folders. Returns the names stopped."""
-    stopped = stop_pids(pids, [n for n in ("kube-proxy", "kubelet") if n in pids], settings.stop_timeout_s)
-    if "containerd" in pids:
-        remove_pods(settings, settings.stop_timeout_s)
-        stopped += stop_pids(pids, ["containerd"], settings.stop_timeout_s)
+    handles = handles or {}
+    timeout_s = settings.stop_timeout_s
+    stopped = _stop([n for n in ("kube-proxy", "kubelet") if n in pids or n in handles], pids, handles, timeout_s)
+    if "containerd" in pids or "containerd" in handles:
+        remove_pods(settings, timeout_s)
+        stopped += _stop(["containerd"], pids, handles, timeout_s)
     killed = cgroups.remove_root(settings.cgroup_root)
     if inode is not None:
         known = set(pids.values())
