@@ -37,9 +37,10 @@ def _run(argv: list[str], what: str, timeout_s: float = IMAGE_TIMEOUT_S) -> str:
 
 def files_image(name: str, files: dict[str, Path], entrypoint: list[str]) -> Path:
     """An image of just ``files`` (image path -> file here), as a cached docker-archive tarball."""
-    digest = hashlib.sha256(json.dumps([name, entrypoint, sorted((k, str(v)) for k, v in files.items())]).encode())
-    for source in sorted(files.values()):
-        digest.update(source.read_bytes())
+    # Content, not where it came from: the same binary from another folder is the same image.
+    digest = hashlib.sha256(json.dumps([name, entrypoint, sorted(files)]).encode())
+    for dest in sorted(files):
+        digest.update(files[dest].read_bytes())
     out = cache_dir() / f"{name.replace('/', '_').replace(':', '_')}-{digest.hexdigest()[:16]}.tar"
     if out.exists():
         return out
@@ -194,7 +195,19 @@ def repo_image(repo: Path, image: RepoImage, base: str, log: Callable[[str], Non
     tmp.unlink(missing_ok=True)
     _run([*b, "push", name, f"docker-archive:{tmp}:{name}"], f"export {image.name}")
     tmp.replace(out)
+    _prune(b, image.name, keep=out)
     return name, out
+
+
+def _prune(b: list[str], image_name: str, keep: Path) -> None:
+    """Bound the cache: one build of each image (older tags and their tarballs go, with the
+    intermediate images a build leaves)."""
+    for old in cache_dir().glob(f"{image_name}-*.tar"):
+        if old != keep:
+            tag = old.stem.removeprefix(f"{image_name}-")
+            subprocess.run([*b, "rmi", f"kvfleet.local/{image_name}:{tag}"], capture_output=True, check=False)
+            old.unlink(missing_ok=True)
+    subprocess.run([*b, "rmi", "--prune"], capture_output=True, check=False)
 
 
 # The repository root (the Dockerfiles' build context) of this source checkout.
