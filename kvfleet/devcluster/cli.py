@@ -46,12 +46,27 @@ def cluster() -> None:
 @click.option("--gpu-nodes", type=click.IntRange(1, 100), default=3, show_default=True, help="kwok GPU nodes.")
 @click.option("--gpus-per-node", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--gpu-product", default="NVIDIA-H100-80GB-HBM3", show_default=True, help="nvidia.com/gpu.product label.")
-def up(root: Path, gpu_nodes: int, gpus_per_node: int, gpu_product: str) -> None:
+@click.option(
+    "--real-node",
+    is_flag=True,
+    help="Also run one real node (kubelet, containerd, kube-proxy) where pods really run; kwok nodes get a taint.",
+)
+@click.option(
+    "--router-service",
+    default="kvfleet-system/kvfleet-router:80",
+    show_default=True,
+    help="With --real-node: the Service (NAMESPACE/NAME:PORT) the printed router address forwards to.",
+)
+def up(root: Path, gpu_nodes: int, gpus_per_node: int, gpu_product: str, real_node: bool, router_service: str) -> None:
     """Build (or reuse) the binaries, start the control plane, and print how to use it."""
     from .binaries import ensure_binaries
+    from .realnode.settings import NodeError
 
     try:
         bin_dir = ensure_binaries()
+        node_bin_dir = None
+        if real_node:
+            node_bin_dir = _node_binaries()
         root.mkdir(parents=True, exist_ok=True)
         settings = ClusterSettings(
             root=root.resolve(),
@@ -59,9 +74,11 @@ def up(root: Path, gpu_nodes: int, gpus_per_node: int, gpu_product: str) -> None
             gpu_nodes=gpu_nodes,
             gpus_per_node=gpus_per_node,
             gpu_product=gpu_product,
+            node_bin_dir=node_bin_dir,
+            router_service=router_service,
         )
         state = ControlPlane(settings).start()
-    except ControlPlaneError as e:
+    except (ControlPlaneError, NodeError) as e:
         raise click.ClickException(str(e)) from e
     version = (
         (bin_dir.parent / "build-info.txt").read_text().split("\n")[0]
@@ -71,6 +88,11 @@ def up(root: Path, gpu_nodes: int, gpus_per_node: int, gpu_product: str) -> None
     kubectl = shutil.which("kubectl") or "kubectl"
     click.echo(f"kvfleet dev cluster is up at {state.server} ({version.replace('version=', 'Kubernetes ')})")
     click.echo(f"  {gpu_nodes} kwok nodes, {gpus_per_node} x {gpu_product} each; logs in {root / 'logs'}")
+    if state.node is not None:
+        click.echo(
+            "  1 real node (kvfleet-node: kubelet, containerd, kube-proxy); kwok nodes are tainted kvfleet.io/kwok"
+        )
+        click.echo(f"  router: {state.node['router']} -> Service {router_service} (once the chart is installed)")
     click.echo("Try:")
     click.echo(f"  export KUBECONFIG={state.kubeconfig}")
     click.echo("  kubectl get nodes -L nvidia.com/gpu.product      # kubectl >= 1.35 (.venv/bin/kubectl is 1.36)")
@@ -78,9 +100,21 @@ def up(root: Path, gpu_nodes: int, gpus_per_node: int, gpu_product: str) -> None
     click.echo("  kvfleet operator run &                            # the operator, against this cluster")
     click.echo("  kubectl apply -f examples/llama-3.1-8b-h100.yaml && kubectl get infd -A -w")
     click.echo(f"  {bin_dir / 'helm'} install kvfleet charts/kvfleet -n kvfleet-system --create-namespace")
+    if state.node is not None:
+        click.echo("  kvfleet dev cluster images                        # build the repo's images into the node")
     click.echo("Stop and remove it: kvfleet dev cluster down")
     if "kubectl" not in kubectl:
         click.echo("(no kubectl on PATH)", err=True)
+
+
+def _node_binaries() -> Path:
+    from .realnode.binaries import ensure_node_binaries, missing_system_tools
+    from .realnode.settings import NodeError, NodeSettings
+
+    gone = missing_system_tools(NodeSettings.cni_bin_dir)
+    if gone:
+        raise NodeError(f"the real node needs {', '.join(gone)} (scripts/bootstrap --with-node installs them)")
+    return ensure_node_binaries()
 
 
 @cluster.command()
@@ -113,3 +147,42 @@ def status(root: Path, output: str) -> None:
     for name, pid in state.pids.items():
         click.echo(f"{name:<24} pid {pid:<8} {'running' if pid_alive(pid) else 'STOPPED'}")
     click.echo(f"server {state.server}\nkubeconfig {state.kubeconfig}")
+
+
+@cluster.command()
+@root_option
+@click.option("--engine/--no-engine", default=True, show_default=True, help="Also the CPU engine image (torch: GBs).")
+@click.option(
+    "--torch-index",
+    default=None,
+    help="The engine image's TORCH_INDEX build argument (its Dockerfile's PyTorch CPU index by default; "
+    "https://pypi.org/simple where that is unreachable: the registry's torch, the CUDA build).",
+)
+@click.option("--mirror", default="http://deb.debian.org/debian", show_default=True, help="Debian mirror for the base.")
+def images(root: Path, engine: bool, torch_index: str | None, mirror: str) -> None:
+    """Build the repository's images from its Dockerfiles (no Docker, no registry) and load them
+    into the real node of `up --real-node`."""
+    import time
+
+    from .realnode import images as node_images
+    from .realnode.settings import NodeError
+
+    state = ClusterState.load(root)
+    if state is None or state.node is None:
+        raise click.ClickException(f"no real node at {root}: start one with `kvfleet dev cluster up --real-node`")
+    repo = node_images.BUILD_CONTEXT
+    wanted = [node_images.RepoImage("kvfleet", "Dockerfile")]
+    if engine:
+        args = (("TORCH_INDEX", torch_index),) if torch_index else ()
+        wanted.append(node_images.RepoImage("engine-cpu", "engine_image/Dockerfile.cpu", args))
+    socket = Path(state.node["root"]) / "containerd" / "containerd.sock"
+    try:
+        base = node_images.base_image(mirror, click.echo)
+        for image in wanted:
+            t0 = time.monotonic()
+            name, tarball = node_images.repo_image(repo, image, base, click.echo)
+            node_images.import_image(socket, tarball)
+            size_mb = tarball.stat().st_size / 1e6
+            click.echo(f"{name}: {size_mb:.0f} MB, ready in {time.monotonic() - t0:.0f} s (loaded into the node)")
+    except NodeError as e:
+        raise click.ClickException(str(e)) from e

@@ -94,11 +94,14 @@ def _write(path: Path, data: bytes, *, private: bool = False) -> Path:
     return path
 
 
-def make_pki(folder: Path, *, service_ip: str, admin_user: str = "kvfleet-dev-admin") -> Pki:
+def make_pki(
+    folder: Path, *, service_ip: str, admin_user: str = "kvfleet-dev-admin", extra_ips: tuple[str, ...] = ()
+) -> Pki:
     """Write a fresh CA and every certificate the control plane needs into ``folder``.
 
     ``service_ip`` is the ``kubernetes`` Service's ClusterIP (the first address of the service
-    range): in-cluster clients verify the serving certificate against it.
+    range): in-cluster clients verify the serving certificate against it. ``extra_ips`` are further
+    addresses the API server is reached at (a real node's address).
     """
     folder.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
@@ -109,6 +112,7 @@ def make_pki(folder: Path, *, service_ip: str, admin_user: str = "kvfleet-dev-ad
     sans: list[x509.GeneralName] = [
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address(service_ip)),
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
         *(
             x509.DNSName(n)
             for n in (
@@ -141,4 +145,20 @@ def make_pki(folder: Path, *, service_ip: str, admin_user: str = "kvfleet-dev-ad
             folder / "sa.pub",
             sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo),
         ),
+    )
+
+
+def issue_client_cert(pki: Pki, folder: Path, stem: str, user: str, group: str | None = None) -> tuple[Path, Path]:
+    """A client certificate for ``user`` (in ``group``) signed by the cluster's CA, as
+    ``folder/<stem>.crt`` and ``.key``: the identities a real node's kubelet and kube-proxy use."""
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not the EC key make_pki writes")
+    key = _key()
+    cert = _issue(_name(user, group), key, ca.subject, ca_key, usage=[ExtendedKeyUsageOID.CLIENT_AUTH])
+    folder.mkdir(parents=True, exist_ok=True)
+    return (
+        _write(folder / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM)),
+        _write(folder / f"{stem}.key", _key_pem(key), private=True),
     )

@@ -25,3 +25,9 @@ class ClusterSettings:
     pod_cidr: str = "10.244.0.0/16"  # kwok gives pods addresses from here
     ready_timeout_s: float = 120.0  # per component; a cold etcd + API server is ready in ~10 s here
     audit_log_max_mb: int = 200  # rotated past this; tests read the audit log of their own run
+    # A real node beside the kwok ones (kvfleet.devcluster.realnode): its binaries' folder
+    # (tools/node/build.sh), or None for kwok nodes only.
+    node_bin_dir: Path | None = None
+    # The Service the host's loopback port ``router`` forwards to (NAMESPACE/NAME:PORT): the
+    # chart's router as `helm install kvfleet charts/kvfleet -n kvfleet-system` names it.
+    router_service: str = "kvfleet-system/kvfleet-router:80"

@@ -1,0 +1,59 @@
+"""Where the real node's binaries come from: ``KVFLEET_NODE_BIN`` when set, else the source
+checkout's ``tools/node/build.sh`` (kubelet, kube-proxy, crictl, pause: minutes the first time,
+then seconds). containerd, runc, ctr and the CNI plugins are Debian's (scripts/bootstrap)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .settings import NodeError
+
+BIN_ENV = "KVFLEET_NODE_BIN"
+BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "node" / "build.sh"
+BUILD_TIMEOUT_S = 3600.0  # kubelet cold on 2 cores: ~5 min once the control plane's packages are cached
+NEEDED = ("kubelet", "kube-proxy", "crictl", "pause")
+# From Debian (scripts/bootstrap --with-node), and util-linux / iproute2 for the namespace.
+SYSTEM_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "unshare", "nsenter", "ip", "iptables")
+
+
+def missing(bin_dir: Path) -> list[str]:
+    return [name for name in NEEDED if not os.access(bin_dir / name, os.X_OK)]
+
+
+def missing_system_tools(cni_bin_dir: Path) -> list[str]:
+    gone = [t for t in SYSTEM_TOOLS if shutil.which(t) is None and not os.access(f"/usr/sbin/{t}", os.X_OK)]
+    gone += [
+        f"{cni_bin_dir}/{p}" for p in ("bridge", "host-local", "loopback", "portmap") if not (cni_bin_dir / p).exists()
+    ]
+    return gone
+
+
+def ensure_node_binaries(*, quiet: bool = False) -> Path:
+    given = os.environ.get(BIN_ENV)
+    if given:
+        bin_dir = Path(given)
+        if gone := missing(bin_dir):
+            raise NodeError(f"{BIN_ENV}={given} lacks {', '.join(gone)}")
+        return bin_dir
+    if not BUILD_SCRIPT.exists():
+        raise NodeError(f"no node binaries: set {BIN_ENV} to a folder with {', '.join(NEEDED)}")
+    if shutil.which("go") is None:
+        raise NodeError(f"building the node needs Go >= 1.26 on PATH (or set {BIN_ENV})")
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if quiet else sys.stderr,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise NodeError(f"tools/node/build.sh failed (exit {result.returncode}); its output says why")
+    bin_dir = Path(result.stdout.strip().splitlines()[-1])
+    if gone := missing(bin_dir):
+        raise NodeError(f"tools/node/build.sh finished but {bin_dir} lacks {', '.join(gone)}")
+    return bin_dir
