@@ -112,6 +112,7 @@ def host_loop(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps,
         "repeats": args.repeats,
         "baseline_python": args.baseline_python or None,
+        **({"baseline_note": args.baseline_note} if args.baseline_note else {}),
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "medians": medians,
         "samples": samples,
@@ -221,6 +222,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--baseline-python", default="")
+    parser.add_argument("--baseline-note", default="", help="what the baseline checkout is, for engine.md")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=32000)

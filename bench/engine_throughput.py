@@ -612,8 +612,11 @@ def step_markdown(step: dict[str, Any]) -> list[str]:
             "",
             f"`core.step()` of a steady decode, {host['model']}, {host['prompt_tokens']}-token prompts; median "
             f"of {host['steps']} steps per run, {host['repeats']} runs alternating, fresh process each; the "
-            f"machine is shared (load average {host['load_before']}). `baseline` is the engine before uniform "
-            "steps (variable-length attention only, sampling read back row by row).",
+            f"machine is shared (load average {host['load_before']}). `baseline` is "
+            + host.get(
+                "baseline_note",
+                "the engine before uniform steps (variable-length attention only, sampling read back row by row).",
+            ),
             "",
             "| device | engine | decode step @1: wall | CPU time | decode step @32: wall | CPU time |",
             "|---|---|---|---|---|---|",

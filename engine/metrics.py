@@ -128,6 +128,9 @@ class EngineMetrics:
         )
         self.draining = gauge("kvfleet_engine_draining", "1 while the server drains after SIGTERM.")
         self.model_name = model_name
+        # The per-token series, looked up once: ``labels()`` (a locked lookup) cost more than the update.
+        self._generation_tokens = self.generation_tokens.labels(model_name)
+        self._inter_token_latency = self.inter_token_latency.labels(model_name)
         for metric in (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc, self.draining):
             metric.labels(model_name).set(0)
         for c in (
@@ -157,17 +160,16 @@ class EngineMetrics:
     def record_token(self, seq: Sequence, now_s: float) -> None:
         """One generated token: the prompt counted once, TTFT or inter-token latency; moves the
         sequence's token timestamps (they exist for these histograms only)."""
-        name = self.model_name
         if not seq.prompt_counted:
             seq.prompt_counted = True
-            self.prompt_tokens.labels(name).inc(seq.num_prompt_tokens)
+            self.prompt_tokens.labels(self.model_name).inc(seq.num_prompt_tokens)
         if seq.first_token_time_s is None:
             seq.first_token_time_s = now_s
-            self.time_to_first_token.labels(name).observe(max(0.0, now_s - seq.arrival_time_s))
+            self.time_to_first_token.labels(self.model_name).observe(max(0.0, now_s - seq.arrival_time_s))
         elif seq.last_token_time_s is not None:
-            self.inter_token_latency.labels(name).observe(max(0.0, now_s - seq.last_token_time_s))
+            self._inter_token_latency.observe(max(0.0, now_s - seq.last_token_time_s))
         seq.last_token_time_s = now_s
-        self.generation_tokens.labels(name).inc()
+        self._generation_tokens.inc()
 
     def record_finish(self, reason: str, e2e_s: float | None) -> None:
         """A finished request; ``e2e_s`` None for an abort, whose latency says nothing about serving."""

@@ -12,6 +12,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 from kvfleet.engine.errors import InvalidRequestError, ModelLoadError
 
@@ -124,27 +125,39 @@ class ModelTokenizer:
 
 
 class IncrementalDetokenizer:
-    """Text of a growing token list, emitted as deltas. Decoding the whole list each time keeps
-    multi-byte characters right; a trailing U+FFFD means a character is still incomplete, so it is
-    held back until the next token completes it."""
+    """Text of a growing token list, emitted as deltas. ``tokenizers``' ``DecodeStream`` decodes only
+    a short window behind the newest token (the prefix/read offsets of vLLM's and TGI's
+    detokenizers), so a token costs the same at the 1,000th as at the first: decoding the whole
+    list for every token kept a batch-32 decode step on an H200 ~1.6 ms in output handling, serial
+    with the GPU. A trailing U+FFFD means a character is still incomplete: it is held back until the
+    next token completes it, as a whole-list decode did. ``flush`` decodes the whole list once."""
 
     def __init__(self, tokenizer: ModelTokenizer) -> None:
         self._tokenizer = tokenizer
+        self._stream: DecodeStream | None = DecodeStream(skip_special_tokens=True)
         self.token_ids: list[int] = []
         self.text = ""
 
     def add(self, token_id: int) -> str:
         self.token_ids.append(token_id)
+        if self._stream is not None:
+            try:
+                delta = self._stream.step(self._tokenizer.tokenizer, token_id)
+            except Exception:  # the stream refuses a window whose text its prefix does not start (Rust error)
+                self._stream = None  # this sequence decodes its whole list from here, as before
+            else:
+                if delta is None:
+                    return ""
+                self.text += delta
+                return str(delta)
         full = self._tokenizer.decode(self.token_ids)
-        if full.endswith("\ufffd"):
-            return ""
-        delta = full[len(self.text) :] if full.startswith(self.text) else ""
-        self.text = full
-        return delta
+        return "" if full.endswith("\ufffd") else self._advance(full)
 
     def flush(self) -> str:
         """Whatever is left at the end, incomplete characters included."""
-        full = self._tokenizer.decode(self.token_ids)
+        return self._advance(self._tokenizer.decode(self.token_ids))
+
+    def _advance(self, full: str) -> str:
         delta = full[len(self.text) :] if full.startswith(self.text) else ""
         self.text = full
         return delta
