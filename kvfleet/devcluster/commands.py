@@ -13,13 +13,20 @@ from .pki import Pki
 from .settings import ClusterSettings, ControlPlaneError
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-AUDIT_POLICY = {
+AUDIT_POLICY: dict[str, object] = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     # Metadata is enough to see who did what to which resource, and what the server answered.
     "omitStages": ["RequestReceived"],
     "rules": [{"level": "Metadata"}],
 }
+
+
+def audit_policy(user_groups: tuple[str, ...]) -> dict[str, object]:
+    """``AUDIT_POLICY``, or one that records only requests of ``user_groups`` (the rest: level None)."""
+    if not user_groups:
+        return AUDIT_POLICY
+    return {**AUDIT_POLICY, "rules": [{"level": "Metadata", "userGroups": list(user_groups)}, {"level": "None"}]}
 
 
 def first_service_ip(cidr: str) -> str:

@@ -25,3 +25,6 @@ class ClusterSettings:
     pod_cidr: str = "10.244.0.0/16"  # kwok gives pods addresses from here
     ready_timeout_s: float = 120.0  # per component; a cold etcd + API server is ready in ~10 s here
     audit_log_max_mb: int = 200  # rotated past this; tests read the audit log of their own run
+    # Audit only these user groups (e.g. "system:serviceaccounts:kvfleet-system"); empty: everyone.
+    # A benchmark with thousands of pods would otherwise rotate away its own entries.
+    audit_user_groups: tuple[str, ...] = ()
