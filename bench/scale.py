@@ -903,6 +903,7 @@ def render(results: dict[str, Any]) -> str:
             f"{w.get('resumed_after_s')} | {inv.get('with_event')} / {inv.get('applied')}, "
             f"{inv.get('to_degraded_p99_s')} | {(r.get('namespace_deleted') or {}).get('namespace_gone_after_s')} |"
         )
+    lines += ["", *goals(runs[-1])] if runs else []
     for r in runs:
         o = r.get("oversized") or {}
         if o:
@@ -914,6 +915,47 @@ def render(results: dict[str, Any]) -> str:
                 f'{(o.get("progressing") or {}).get("reason")} "{(o.get("progressing") or {}).get("message")}".',
             ]
     return "\n".join(lines) + "\n"
+
+
+def goals(r: dict[str, Any]) -> list[str]:
+    """Each goal of the largest scale measured: the figure and whether it is met."""
+    f, a, c, s = r.get("floor") or {}, r.get("apply") or {}, r.get("change_all") or {}, r.get("steady") or {}
+    fp99 = (f.get("create_to_ready") or {}).get("p99_s")
+    rss = (s.get("peak_rss_mb") or {}).get("operator")
+    rp, at = r.get("router_pick") or {}, r.get("autoscaler_tick") or {}
+    rows = [
+        ("API requests beyond watches, all kvfleet", "<= 100 /min", s.get("beyond_watches_per_minute"), 100, "le"),
+        ("writes when nothing changes", "0 /min", s.get("writes_per_minute"), 0, "le"),
+        (
+            "apply-to-Ready p99 minus the floor's p99",
+            "<= 60 s",
+            round(a["p99_s"] - fp99, 1) if a.get("p99_s") is not None and fp99 is not None else None,
+            60,
+            "le",
+        ),
+        (
+            "change to all: kvfleet / floor",
+            "<= 3x",
+            round(c["total_s"] / f["change_all_s"], 2) if c.get("total_s") and f.get("change_all_s") else None,
+            3,
+            "le",
+        ),
+        ("operator peak RSS", "<= 500 MB", rss, 500, "le"),
+        ("autoscaler tick (in process, metrics in memory)", "<= 1 s", at.get("tick_p50_s"), 1, "le"),
+        ("router pick p99, wall", "<= 100 us", rp.get("pick_p99_us"), 100, "le"),
+        ("router pick p99, CPU time", "<= 100 us", rp.get("pick_cpu_p99_us"), 100, "le"),
+        ("router RSS (in process)", "<= 1024 MB", rp.get("rss_mb"), 1024, "le"),
+    ]
+    out = [
+        f"## Goals at {r['deployments']} deployments",
+        "",
+        "| goal | target | measured | met |",
+        "|---|---|---|---|",
+    ]
+    for name, target, value, bound, _ in rows:
+        met = "?" if value is None else ("yes" if value <= bound else "no")
+        out.append(f"| {name} | {target} | {value} | {met} |")
+    return out
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
