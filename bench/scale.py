@@ -685,6 +685,29 @@ async def scale_run(cluster: Cluster, n: int, window_s: float, phase_timeout_s: 
         }
         print(f"  steady {json.dumps(result['steady'])}", flush=True)
 
+        # Baseline in the same run: the operator reading children and pods by GET (no read cache).
+        procs["operator"].stop()
+        uncached = Component(
+            "operator-by-get", [*procs["operator"].argv, "--no-cache-children"], kc["operator"], cluster.folder
+        ).start()
+        await asyncio.sleep(45)  # resumed, and past its first resync of every deployment
+        since = now_iso()
+        await asyncio.sleep(window_s)
+        entries = audit_entries(cluster.audit, since, now_iso())
+        per = by_component_and_verb(entries, minutes)
+        result["steady_reads_by_get"] = {
+            "window_s": window_s,
+            "operator_per_minute": per.get("operator", {}),
+            "operator_beyond_watches_per_minute": round(
+                sum(v for verb, v in per.get("operator", {}).items() if verb != "watch"), 1
+            ),
+            "operator_peak_rss_mb": uncached.peak_rss_mb(),
+        }
+        uncached.stop()
+        print(f"  baseline (reads by GET) {result['steady_reads_by_get']}", flush=True)
+        procs["operator"] = Component("operator", procs["operator"].argv, kc["operator"], cluster.folder).start()
+        await asyncio.sleep(20)  # resumed: its caches listed, every deployment checked
+
         # A spec change to every deployment at once.
         limit = asyncio.Semaphore(32)
         valid_keys = sorted(valid)
@@ -868,9 +891,10 @@ def render(results: dict[str, Any]) -> str:
         "",
         "## Steady state: API requests per minute (audit log), CPU and memory",
         "",
-        "| deployments | window | beyond watches, all kvfleet | writes | operator | autoscaler | routers "
+        "| deployments | window | beyond watches, all kvfleet | operator beyond watches, reads by GET "
+        "(baseline) | writes | operator | autoscaler | routers "
         "| CPU s/min op / as / router | peak RSS MB op / as / router | load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         s = r.get("steady") or {}
@@ -880,6 +904,7 @@ def render(results: dict[str, Any]) -> str:
         cpu, rss = s["cpu_s_per_minute"], s["peak_rss_mb"]
         lines.append(
             f"| {r['deployments']} | {s['window_s']:.0f} s | {s['beyond_watches_per_minute']} | "
+            f"{(r.get('steady_reads_by_get') or {}).get('operator_beyond_watches_per_minute')} | "
             f"{s['writes_per_minute']} | {pm.get('operator', {})} | {pm.get('autoscaler', {})} | "
             f"{pm.get('router', {})} | {cpu.get('operator')} / {cpu.get('autoscaler')} / {cpu.get('router-0')} | "
             f"{rss.get('operator')} / {rss.get('autoscaler')} / {rss.get('router-0')} | {s['loadavg'][0]} |"
