@@ -245,12 +245,19 @@ class Component:
 
     def cpu_s(self) -> float:
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")  # the process is gone (its log says why)
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def peak_rss_mb(self) -> float:
         assert self.proc is not None
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return float("nan")
+        for line in status.splitlines():
             if line.startswith("VmHWM:"):
                 return round(int(line.split()[1]) / 1024, 1)
         return 0.0
@@ -929,6 +936,29 @@ def render(results: dict[str, Any]) -> str:
             f"{inv.get('to_degraded_p99_s')} | {(r.get('namespace_deleted') or {}).get('namespace_gone_after_s')} |"
         )
     lines += ["", *goals(runs[-1])] if runs else []
+    lines += [
+        "",
+        "## Reading the figures",
+        "",
+        "- Easier than production, and said so: kwok pods have no images and turn Ready as soon as they",
+        "  are scheduled (the floor is the API server, the scheduler and the controllers); the autoscaler",
+        "  runs against an unreachable Prometheus (it lists and watches, holds, and writes nothing), so its",
+        "  tick is measured in process with the metrics in memory (the PromQL fetch, one set of queries per",
+        "  deployment, is not in that figure); the router's pick is measured in process over a Fleet of N",
+        "  models and 3N endpoints (no HTTP), its wall p99 on 2 shared cores is mostly other processes'",
+        "  time slices, so its CPU-time p99 is given beside it.",
+        "- Requests come from the API server's audit log with a policy that records only the",
+        "  kvfleet-system ServiceAccounts (the chart's); the three routers share one ServiceAccount, so",
+        "  the router column is their sum. A window shorter than 10 minutes is scaled to per minute.",
+        "- 'beyond watches' counts every request but the long-lived watches themselves (LISTs count).",
+        "  The autoscaler's writes in steady state are its leader Lease renewals (client-go's 2 s).",
+        "- The baseline column is the same operator with `--no-cache-children` (children and pods read",
+        "  by GET on every resync and rollout check), in the same run, after the kvfleet window.",
+        "- Restart: the operator is killed (-9) while one deployment's replicas change, and started",
+        "  again; 'acted after' is the time from its start until that Deployment has the new replicas.",
+        "- 410: a watch of every InferenceDeployment (kvfleet.kube.watch) resumed from a compacted",
+        "  resourceVersion; the time includes its jittered back-off before the relist.",
+    ]
     for r in runs:
         o = r.get("oversized") or {}
         if o:
