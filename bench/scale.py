@@ -51,6 +51,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kvfleet.devcluster.binaries import ensure_binaries
 from kvfleet.devcluster.controlplane import ClusterSettings, ControlPlane, kubeconfig_document
 from kvfleet.devcluster.nodes import gpu_nodes
@@ -70,6 +72,10 @@ BIG_PRODUCT = "NVIDIA-H100-80GB-HBM3"  # the main pool (ClusterSettings' default
 SMALL_PRODUCT = "NVIDIA-L4"  # the pool of 300 GPUs the oversized deployment asks 500 replicas of
 SMALL_POOL = (30, 10)  # nodes x GPUs
 DOOMED = 50  # deployments in the namespace that is deleted
+POLICY = {"nodeCacheHostPaths": [], "imageRegistries": ["ghcr.io/kvfleet"], "priorityClasses": ["*"]}
+POLICY["tolerationKeys"] = ["*"]
+BAD_REASONS = ("InvalidSpec", "PolicyViolation")
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 INFD = Ref("kvfleet.io/v1alpha1", "inferencedeployments")
 DEPLOYMENTS = Ref("apps/v1", "deployments")
 PODS = Ref("v1", "pods")
@@ -106,7 +112,9 @@ def namespace_of(i: int, n: int) -> str:
 def infd(name: str, ns: str, *, replicas: int = REPLICAS, invalid: bool = False, product: str | None = None) -> dict:
     engine: dict[str, Any] = {"kind": "vllm"}
     if invalid:
-        engine["tensorParallelSize"] = 2  # more than the 1 GPU it asks for: the operator refuses it
+        # Admitted by the API server (the CRD cannot know the platform's registries), refused by the
+        # operator's spec policy (POLICY): Degraded=PolicyViolation and an Event, no pods.
+        engine["image"] = "registry.example/unvetted/engine:1"
     resources: dict[str, Any] = {"gpus": 1, "gpuProduct": product or BIG_PRODUCT}
     return {
         "apiVersion": "kvfleet.io/v1alpha1",
@@ -198,13 +206,21 @@ class Cluster:
         self.k("apply", "--server-side", "-f", str(REPO / "crds"))
         self.k("apply", "--server-side", "-f", str(bin_dir.parent / "crds"))
         self.k("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-        env = {**os.environ, **{k: str(self.folder / k.lower()) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME")}}
-        env["HELM_DATA_HOME"] = str(self.folder / "helm_data_home")
-        helm = [str(bin_dir / "helm"), "--kubeconfig", str(self.plane.kubeconfig)]
-        run(
-            [*helm, "install", "kvfleet", str(CHART), "-n", RELEASE_NS, "--create-namespace", "--skip-crds"],
-            env=env,
-        )
+        # The chart rendered by the Helm SDK (helm-python-sdk, in process); only its identities and
+        # RBAC are applied: the components run here as processes, not as the chart's pods.
+        import helm_python
+
+        with helm_python.Chart.load(str(CHART)) as chart:
+            rendered = chart.render(values={}, name="kvfleet", namespace=RELEASE_NS, is_install=True)
+        rbac = [
+            doc
+            for path, text in rendered.items()
+            if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text)
+            if doc and doc["kind"] in RBAC_KINDS
+        ]
+        self.k("create", "namespace", RELEASE_NS)
+        self.k("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(rbac))
         out = {}
         assert self.plane.state is not None
         for comp, sa in SA.items():
@@ -275,6 +291,7 @@ class Component:
 
 def components(kc: dict[str, Path], folder: Path, autoscaler_port: int) -> dict[str, Component]:
     kvfleet = str(BIN / "kvfleet")
+    (folder / "policy.yaml").write_text(yaml.safe_dump(POLICY))
 
     def router(i: int) -> Component:
         argv = [kvfleet, "router", "serve", "--kubernetes", "--kubeconfig", str(kc["router"])]
@@ -285,7 +302,12 @@ def components(kc: dict[str, Path], folder: Path, autoscaler_port: int) -> dict[
     autoscaler += ["127.0.0.1", "--listen-port", str(autoscaler_port), "--leader-election", "--identity", "bench"]
     autoscaler += ["--lease-namespace", RELEASE_NS, "--kubeconfig", str(kc["autoscaler"])]
     return {
-        "operator": Component("operator", [kvfleet, "operator", "run"], kc["operator"], folder),
+        "operator": Component(
+            "operator",
+            [kvfleet, "operator", "run", "--policy-file", str(folder / "policy.yaml")],
+            kc["operator"],
+            folder,
+        ),
         "autoscaler": Component("autoscaler", autoscaler, kc["autoscaler"], folder),
         "router-0": router(0),
         "router-1": router(1),
@@ -634,15 +656,15 @@ async def scale_run(cluster: Cluster, n: int, window_s: float, phase_timeout_s: 
         created = await create_all(admin, INFD, docs)
         valid = {k for k in created if k[1].startswith("m")}
         invalid = set(created) - valid
-        ready = await wait_each(admin, INFD, valid, infd_ready, phase_timeout_s)
-        degraded = await wait_each(
-            admin, INFD, invalid, lambda o: condition(o, "Degraded").get("reason") == "InvalidSpec", 60
+        ready, degraded = await asyncio.gather(
+            wait_each(admin, INFD, valid, infd_ready, phase_timeout_s),
+            wait_each(admin, INFD, invalid, lambda o: condition(o, "Degraded").get("reason") in BAD_REASONS, 120),
         )
         events = await list_all(admin, EVENTS)
         evented = {
             (e["involvedObject"].get("namespace"), e["involvedObject"].get("name"))
             for e in events
-            if e.get("reason") == "InvalidSpec"
+            if e.get("reason") in BAD_REASONS
         }
         result["apply"] = {
             **summary([ready[k] - created[k] for k in ready]),
@@ -1053,8 +1075,9 @@ def main() -> None:
     parser.add_argument("--deployments", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--window-s", type=float, default=120.0, help="steady-state window (per minute rates)")
     parser.add_argument("--phase-timeout-s", type=float, default=600.0)
+    parser.add_argument("--bin-dir", type=Path, help="the control plane's binaries (default: tools/k8s/build.sh)")
     args = parser.parse_args()
-    bin_dir = ensure_binaries()
+    bin_dir = args.bin_dir or ensure_binaries()
     path = OUT / "scale.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     for n in args.deployments:

@@ -67,7 +67,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "monitoring.coreos.com",
         ("servicemonitors",),
-        ("get", "create", "patch", "delete"),
+        ("get", "list", "watch", "create", "patch", "delete"),
         "ServiceMonitor, only where the Prometheus Operator CRD exists (found through discovery)",
     ),
     Rule(

@@ -102,6 +102,9 @@ def component_argv(
             f"--cluster-signing-cert-file={pki.ca_cert}",
             f"--cluster-signing-key-file={pki.ca_key}",
             # kwok nodes have no kubelet: pods are the only thing to garbage-collect, and fast.
+            # kwok renews node leases from one process: on a busy machine a renewal can be late by
+            # tens of seconds, and the default 50 s grace then marks every node (and pod) NotReady.
+            "--node-monitor-grace-period=5m",
             "--concurrent-deployment-syncs=10",
             "--concurrent-replicaset-syncs=10",
         ],

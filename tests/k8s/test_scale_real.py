@@ -12,16 +12,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from support.real_cluster import ComponentProcess, Kubectl, audit_entries, condition, wait_for
 
 from kvfleet.devcluster.controlplane import ControlPlane
 
 StartOperator = Callable[..., ComponentProcess]
+POLICY = {"nodeCacheHostPaths": [], "imageRegistries": ["ghcr.io/kvfleet"], "priorityClasses": ["*"]}
+POLICY["tolerationKeys"] = ["*"]
 RESYNC_S = 1.0  # resyncs every second, so a short window holds several of each deployment's
 
 
 def deployment(name: str, namespace: str, *, replicas: int = 1, gpus: int = 1, invalid: bool = False) -> dict:
-    engine: dict[str, Any] = {"kind": "vllm", **({"tensorParallelSize": 2} if invalid else {})}
+    # Admitted by the API server (the CRD cannot know the platform's registries), refused by the
+    # operator's spec policy: Degraded=PolicyViolation and an Event.
+    engine: dict[str, Any] = {"kind": "vllm", **({"image": "registry.example/unvetted/engine:1"} if invalid else {})}
     return {
         "apiVersion": "kvfleet.io/v1alpha1",
         "kind": "InferenceDeployment",
@@ -52,13 +57,15 @@ def operator_requests(root: Path, since: str) -> list[str]:
 
 
 def test_a_converged_fleet_costs_no_requests_and_bad_input_is_reported(
-    control_plane: ControlPlane, kubectl: Kubectl, start_operator: StartOperator
+    control_plane: ControlPlane, kubectl: Kubectl, start_operator: StartOperator, tmp_path: Path
 ) -> None:
     # A namespace of its own, not the ``namespace`` fixture's: this test deletes it.
     namespace = f"scale-{uuid.uuid4().hex[:8]}"
     kubectl("create", "namespace", namespace)
     wait_for(lambda: kubectl.get("serviceaccount", "default", namespace), 30, "the default ServiceAccount")
-    start_operator("--resync-interval-s", str(RESYNC_S))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(POLICY))
+    start_operator("--resync-interval-s", str(RESYNC_S), "--policy-file", str(policy))
     good = [deployment(f"m{i}", namespace) for i in range(3)]
     bad = deployment("bad", namespace, invalid=True)
     kubectl.apply([*good, bad], "--server-side")
@@ -66,15 +73,15 @@ def test_a_converged_fleet_costs_no_requests_and_bad_input_is_reported(
         wait_for(lambda d=doc: ready(kubectl.get("infd", d["metadata"]["name"], namespace)), 90, "Ready")
     degraded = wait_for(
         lambda: (
-            (condition(kubectl.get("infd", "bad", namespace), "Degraded") or {}).get("reason") == "InvalidSpec"
+            (condition(kubectl.get("infd", "bad", namespace), "Degraded") or {}).get("reason") == "PolicyViolation"
             and kubectl.get("infd", "bad", namespace)
         ),
         60,
-        "Degraded=InvalidSpec",
+        "Degraded=PolicyViolation",
     )
-    assert "spec.engine.tensorParallelSize" in condition(degraded, "Degraded")["message"]  # type: ignore[index]
+    assert "spec.engine.image" in condition(degraded, "Degraded")["message"]
     events = kubectl.json("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=bad")["items"]
-    assert any(e["reason"] == "InvalidSpec" for e in events)
+    assert any(e["reason"] == "PolicyViolation" for e in events)
 
     # Steady state: several resyncs of every deployment, and not one request (watches aside).
     time.sleep(3)  # the last status writes and Events of convergence

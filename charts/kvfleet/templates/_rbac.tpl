@@ -34,7 +34,7 @@ same list serves a ClusterRole (cluster mode) and a Role per watched namespace. 
 - apiGroups: [monitoring.coreos.com]
   # The engine ServiceMonitor, only where the Prometheus Operator CRD exists (found by discovery).
   resources: [servicemonitors]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   # Engine pods (watched, labelled ones only): why unready ones fail, pull progress, measured cold start.
   resources: [pods]
