@@ -29,6 +29,16 @@ log = logging.getLogger(__name__)
 # Every child and every engine pod carries this label (kvfleet.contracts.engine_labels): the
 # watches see the operator's objects only, not every ConfigMap of the cluster.
 CACHE_SELECTOR = f"{APP_NAME_LABEL}={ENGINE_APP}"
+# Items of a LIST carry no apiVersion and kind (only watch events and single GETs do): a read puts
+# them back, or every child listed at start would differ from its rendering and be applied again.
+KINDS = {
+    "deployments": "Deployment",
+    "configmaps": "ConfigMap",
+    "services": "Service",
+    "poddisruptionbudgets": "PodDisruptionBudget",
+    "servicemonitors": "ServiceMonitor",
+    "pods": "Pod",
+}
 MAX_REMEMBERED_WRITES = 10_000  # applied objects waiting for their watch event; a bound, not a target
 
 
@@ -47,6 +57,15 @@ def _version(obj: Mapping[str, Any]) -> int:
         return int(resource_version(obj))
     except ValueError:
         return 0
+
+
+def typed(ref: Ref, obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``obj`` with its apiVersion and kind (absent from a LIST's items)."""
+    out = copy.deepcopy(dict(obj))
+    out.setdefault("apiVersion", ref.api_version)
+    if ref.plural in KINDS:
+        out.setdefault("kind", KINDS[ref.plural])
+    return out
 
 
 def matches(obj: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
@@ -143,17 +162,15 @@ class ChildCache:
             if seen is not None and _version(seen) >= _version(written):
                 del self._written[(ref.plural, namespace, name)]  # the watch caught up
             else:
-                return copy.deepcopy(written)
-        return copy.deepcopy(dict(seen)) if seen is not None else None
+                return typed(ref, written)
+        return typed(ref, seen) if seen is not None else None
 
     async def list_objects(self, ref: Ref, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
         watch = self._watch(ref, namespace)
         wanted = parse_selector(label_selector)
         if watch is None or not _covers(wanted):
             return await self._client.list_objects(ref, namespace, label_selector)
-        return [
-            copy.deepcopy(dict(obj)) for (ns, _), obj in watch.store.items() if ns == namespace and matches(obj, wanted)
-        ]
+        return [typed(ref, obj) for (ns, _), obj in watch.store.items() if ns == namespace and matches(obj, wanted)]
 
 
 def _cache_labels() -> dict[str, str]:

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from kvfleet.kube import KubeClient, Ref
-from kvfleet.operator.child_cache import CACHE_SELECTOR, ChildCache, parse_selector
+from kvfleet.operator.child_cache import CACHE_SELECTOR, ChildCache, parse_selector, typed
 from kvfleet_testkit.kube_emulator import Cluster, eventually
 
 NS = "default"
@@ -47,6 +47,9 @@ async def test_reads_come_from_the_watch_once_it_has_listed(cluster: Cluster) ->
             before = len(list(cluster.api))
             found = await cache.get_object(CONFIGMAPS, NS, "m-engine-spec")
             assert found is not None and found["data"] == {"k": "v"}
+            # Listed before the watch began: typed as a single GET would be (a real LIST's items are
+            # not), so it compares equal to its rendering.
+            assert (found["apiVersion"], found["kind"]) == ("v1", "ConfigMap")
             assert await cache.get_object(CONFIGMAPS, NS, "absent") is None
             assert await cache.list_objects(PODS, NS, ",".join(f"{k}={v}" for k, v in LABELS.items())) == []
             assert requests_since(cluster, before) == []
@@ -84,3 +87,13 @@ def test_only_equality_selectors_are_parsed() -> None:
     assert parse_selector(CACHE_SELECTOR) == {"app.kubernetes.io/name": "kvfleet-engine"}
     with pytest.raises(ValueError, match="equality"):
         parse_selector("tier in (a,b)")
+
+
+def test_list_items_get_their_api_version_and_kind_back() -> None:
+    listed = {"metadata": {"name": "m-engine", "namespace": NS}, "spec": {}}  # as a LIST's item
+    assert typed(Ref("apps/v1", "deployments"), listed) == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        **listed,
+    }
+    assert "apiVersion" not in listed  # a copy: the store keeps what the server sent
