@@ -39,6 +39,12 @@ def operator() -> None:
 @click.option(
     "--rollout-check-interval-s", type=float, help="Seconds between pod checks of a deployment that is not settled."
 )
+@click.option(
+    "--cache-children/--no-cache-children",
+    default=True,
+    show_default=True,
+    help="Read children and engine pods from watches (no request per resync) or by GET per reconcile.",
+)
 @click.option("--peering", "peering_name", help=f"kopf peering name for HA (e.g. {PEERING_NAME}); omit to run alone.")
 @click.option("--priority", type=int, help="Peering priority; default random, so replicas never tie.")
 @click.option(
@@ -64,6 +70,7 @@ def run(
     router_endpoint: str | None,
     resync_interval_s: float | None,
     rollout_check_interval_s: float | None,
+    cache_children: bool,
     peering_name: str | None,
     priority: int | None,
     peering_lifetime_s: int | None,
@@ -77,7 +84,11 @@ def run(
 
     if all_namespaces and namespaces:
         raise click.UsageError("--all-namespaces and --namespace exclude each other")
-    values: dict[str, object] = {"namespaces": namespaces, "health_port": health_port}
+    values: dict[str, object] = {
+        "namespaces": namespaces,
+        "health_port": health_port,
+        "cache_children": cache_children,
+    }
     if router_endpoint:
         values["router_endpoint"] = router_endpoint
     if resync_interval_s is not None:

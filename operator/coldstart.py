@@ -8,14 +8,19 @@ can patch any pod of the namespace. This way engine pods run with no token at al
 (``list``) plus a network path to port 9400 of the engine pods.
 
 Each pod is asked once, after it turned Ready (the launcher then knows the total); the answer is
-remembered by pod uid in a bounded LRU so a resync does not ask again.
+remembered by pod uid in a bounded LRU so a resync does not ask again. A pod that did not answer is
+not asked again for ``UNANSWERED_RETRY_S`` (also remembered, bounded): an engine image without the
+endpoint, or a network policy in the way, would otherwise cost every resync of every deployment a
+timeout per pod (at 3,000 pods, thousands of requests and seconds of held reconciles a minute).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +29,7 @@ import aiohttp
 from .launcher_http import get_launcher_json
 
 MAX_REMEMBERED_PODS = 4096
+UNANSWERED_RETRY_S = 600.0  # a launcher that did not answer is asked again after this
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")  # sha256 of the weight-cache manifest, hex
 
 
@@ -81,11 +87,25 @@ MAX_COLDSTART_BYTES = 4096  # the launcher's answer is a few hundred bytes of JS
 class ColdStartProbe:
     """Asks launchers for their cold-start figure; remembers answers by pod uid (bounded)."""
 
-    def __init__(self, *, port: int, timeout_s: float, pods_per_tick: int) -> None:
+    def __init__(
+        self,
+        *,
+        port: int,
+        timeout_s: float,
+        pods_per_tick: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._port = port
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._pods_per_tick = pods_per_tick
+        self._clock = clock
         self._known: OrderedDict[str, LauncherReport] = OrderedDict()  # by pod uid
+        self._unanswered: OrderedDict[str, float] = OrderedDict()  # pod uid -> when it failed to answer
+        self.asked = 0  # requests sent, for tests and logs
+
+    def _waiting(self, uid: str, now: float) -> bool:
+        failed_at = self._unanswered.get(uid)
+        return failed_at is not None and now - failed_at < UNANSWERED_RETRY_S
 
     async def _fetch(self, session: aiohttp.ClientSession, pod: PodTarget) -> LauncherReport | None:
         doc = await get_launcher_json(
@@ -97,13 +117,21 @@ class ColdStartProbe:
     async def latest(self, pods: list[dict[str, Any]]) -> LauncherReport | None:
         """The report of the most recently Ready pod that sent one (None when none did)."""
         targets = ready_pods(pods)
-        unknown = [p for p in targets if p.uid not in self._known][: self._pods_per_tick]
+        now = self._clock()
+        unknown = [p for p in targets if p.uid not in self._known and not self._waiting(p.uid, now)]
+        unknown = unknown[: self._pods_per_tick]
         if unknown:
             async with aiohttp.ClientSession(timeout=self._timeout) as session:
                 for pod in unknown:
+                    self.asked += 1
                     report = await self._fetch(session, pod)
                     if report is not None:
                         self._remember(pod, report)
+                    else:
+                        self._unanswered[pod.uid] = now
+                        self._unanswered.move_to_end(pod.uid)
+                        while len(self._unanswered) > MAX_REMEMBERED_PODS:
+                            self._unanswered.popitem(last=False)
         for pod in targets:
             if pod.uid in self._known:
                 return self._known[pod.uid]

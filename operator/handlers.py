@@ -95,14 +95,17 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
         found = claims.claim_of(str(namespace), name, dict(body))
         return {found[0]: found[1]} if found is not None else None
 
-    async def run(namespace: str | None, name: str, logger: Any, index: kopf.Index[str, Claim]) -> None:
+    async def run(
+        namespace: str | None, name: str, logger: Any, index: kopf.Index[str, Claim], body: kopf.Body
+    ) -> None:
         assert namespace is not None  # InferenceDeployments are namespaced
 
         def claimants(served: str) -> list[Claim]:
             return list(index.get(served, ()))
 
         try:
-            _check(await reconciler.reconcile(namespace, name, claimants), logger)
+            # The watched body: a reconcile with nothing to change then sends no request at all.
+            _check(await reconciler.reconcile(namespace, name, claimants, dict(body)), logger)
         except KubeError as e:
             what = "API server unavailable" if e.retryable else "API call failed"
             raise kopf.TemporaryError(f"{what}: {e}", delay=ours.retry_delay_s) from e
@@ -111,12 +114,12 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
     @kopf.on.create(*resource, registry=registry, retries=ours.max_retries)
     @kopf.on.update(*resource, registry=registry, retries=ours.max_retries)
     async def reconcile_change(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"])  # the index above, by its name
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"])  # the index above, by its name
 
     # Drift: a child deleted or edited by hand, readiness that changed, a launcher that reported.
     @kopf.timer(*resource, registry=registry, interval=ours.resync_interval_s, initial_delay=ours.resync_interval_s)
     async def resync(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"])  # the index above, by its name
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"])  # the index above, by its name
 
     # While it is not settled (not Ready, progressing or degraded), look every few seconds: pod
     # failures change no object the operator watches, so only a check reads them in time.
@@ -128,12 +131,12 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
         when=lambda body, **_: unsettled(dict(body)),
     )
     async def rollout_check(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"])  # the index above, by its name
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"])  # the index above, by its name
 
     # The autoscaler writes status.desiredReplicas; status is not in kopf's diff, so watch events.
     @kopf.on.event(*resource, registry=registry, when=lambda body, **_: reconciler.replicas_stale(dict(body)))
     async def rescale(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"])  # the index above, by its name
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"])  # the index above, by its name
 
     @kopf.on.delete(*resource, registry=registry, retries=ours.max_retries)
     async def cleanup(*, body: kopf.Body, namespace: str | None, name: str, logger: Any, **_: Any) -> None:

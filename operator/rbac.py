@@ -48,27 +48,34 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "apps",
         ("deployments",),
-        ("get", "create", "patch", "delete"),
-        "engine Deployment: read for drift, server-side apply (create on first apply), delete on cleanup",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "engine Deployment: watched for drift (labelled children only), server-side apply (create on first "
+        "apply), delete on cleanup",
     ),
     Rule(
         "",
         ("services", "configmaps"),
-        ("get", "create", "patch", "delete"),
+        ("get", "list", "watch", "create", "patch", "delete"),
         "engine Service and the launcher's spec ConfigMap, as above",
     ),
-    Rule("policy", ("poddisruptionbudgets",), ("get", "create", "patch", "delete"), "engine PodDisruptionBudget"),
+    Rule(
+        "policy",
+        ("poddisruptionbudgets",),
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "engine PodDisruptionBudget",
+    ),
     Rule(
         "monitoring.coreos.com",
         ("servicemonitors",),
-        ("get", "create", "patch", "delete"),
+        ("get", "list", "watch", "create", "patch", "delete"),
         "ServiceMonitor, only where the Prometheus Operator CRD exists (found through discovery)",
     ),
     Rule(
         "",
         ("pods",),
-        ("list",),
-        "engine pods: why unready ones fail, their launchers' pull progress, Ready ones' measured cold start",
+        ("list", "watch"),
+        "engine pods (watched, labelled ones only): why unready ones fail, their launchers' pull progress, "
+        "Ready ones' measured cold start",
     ),
     Rule("", ("events",), ("create",), "an Event per status transition"),
     Rule(

@@ -21,6 +21,7 @@ from kvfleet.spec import API_VERSION, KIND
 from kvfleet.validation import validate_spec
 
 from . import names
+from .child_cache import ChildCache, ObjectReads
 from .claims import Claim, Claimants, conflict_message, holder
 from .coldstart import ColdStartProbe, LauncherReport
 from .conditions import DeploymentObservation, Observed, plan_status
@@ -52,6 +53,10 @@ DISCOVERY_TTL_S = 300.0
 
 def ref_of(kind: ChildKind) -> Ref:
     return Ref(kind.api_version, kind.plural)
+
+
+class _ReadAgain(Exception):
+    """A reconcile planned from a watched body is about to write: it reads the object afresh first."""
 
 
 class EventPoster(Protocol):
@@ -93,8 +98,12 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         coldstart: ColdStartProbe | None = None,
         pull_progress: PullProgressProbe | None = None,
+        cache: ChildCache | None = None,
     ) -> None:
         self._client = client
+        # Children and pods are read from the watches' cache when there is one (child_cache.py).
+        self._cache = cache
+        self._reads: ObjectReads = cache if cache is not None else client
         self._settings = settings
         self._post_event = post_event
         self._clock = clock
@@ -133,10 +142,26 @@ class Reconciler:
             self._service_monitors = (now, served)
         return self._service_monitors[1]
 
-    async def reconcile(self, namespace: str, name: str, claimants: Claimants | None = None) -> Outcome:
-        """``claimants``: served name -> the deployments claiming it (None: no check, one deployment)."""
+    async def reconcile(
+        self,
+        namespace: str,
+        name: str,
+        claimants: Claimants | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> Outcome:
+        """``claimants``: served name -> the deployments claiming it (None: no check, one deployment).
+
+        ``body``: the object as the handler's watch saw it. A reconcile planned from it that finds
+        nothing to write sends no request at all; one that would write reads the object afresh
+        first and plans again (a watched body can lag behind our own last status write, and
+        planning from it would post the same transition twice). Without it, it is read first."""
         async with self._lock((namespace, name)):
-            return await self._reconcile(namespace, name, claimants)
+            if body is not None:
+                try:
+                    return await self._reconcile(namespace, name, claimants, body)
+                except _ReadAgain:
+                    pass
+            return await self._reconcile(namespace, name, claimants, None)
 
     async def _not_applied(
         self,
@@ -145,6 +170,7 @@ class Reconciler:
         deployment_live: dict[str, Any] | None,
         outcome: Outcome,
         replica_reason: str,
+        watched: bool,
     ) -> Outcome:
         """Status for a spec nothing was rendered or applied for (invalid, refused by policy, or its
         served name held by an older claimant): the children keep doing what they did."""
@@ -162,14 +188,15 @@ class Reconciler:
             policy_violation=outcome.refused,
             name_conflict=outcome.conflict,
         )
-        await self._write_status(body, observed, body.get("status") or {}, outcome)
+        await self._write_status(body, observed, body.get("status") or {}, outcome, watched)
         return outcome
 
-    async def _reconcile(self, namespace: str, name: str, claimants: Claimants | None) -> Outcome:
+    async def _reconcile(
+        self, namespace: str, name: str, claimants: Claimants | None, watched_body: dict[str, Any] | None
+    ) -> Outcome:
         outcome = Outcome()
-        # Read the object afresh: a handler's body can lag behind our own last status write, and
-        # planning from it would post the same transition twice.
-        body = await self._client.get_object(INFD, namespace, name)
+        watched = watched_body is not None
+        body = watched_body if watched_body is not None else await self._client.get_object(INFD, namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             outcome.gone = True
             return outcome
@@ -177,7 +204,7 @@ class Reconciler:
         generation = meta.get("generation")
         live_status: dict[str, Any] = body.get("status") or {}
         owner = Owner(name=name, namespace=namespace, uid=meta.get("uid"))
-        deployment_live = await self._client.get_object(ref_of(DEPLOYMENT), namespace, names.engine_name(name))
+        deployment_live = await self._reads.get_object(ref_of(DEPLOYMENT), namespace, names.engine_name(name))
 
         spec, problems = validate_spec(body.get("spec"))
         refused = violations(spec, self._settings.policy) if spec is not None and not problems else []
@@ -188,7 +215,7 @@ class Reconciler:
             else:
                 outcome.invalid = "; ".join(str(p) for p in problems) or "spec is missing"
             reason = "spec is refused by the platform policy" if refused else "spec is invalid"
-            return await self._not_applied(body, name, deployment_live, outcome, reason)
+            return await self._not_applied(body, name, deployment_live, outcome, reason, watched)
 
         if claimants is not None:
             served = spec.served_name(name)
@@ -198,7 +225,7 @@ class Reconciler:
                 # router gives to the older claimant.
                 outcome.conflict = conflict_message(served, older)
                 return await self._not_applied(
-                    body, name, deployment_live, outcome, "the served name is another deployment's"
+                    body, name, deployment_live, outcome, "the served name is another deployment's", watched
                 )
 
         autoscaling = spec.autoscaling_enabled
@@ -206,7 +233,7 @@ class Reconciler:
         # The pin is decided before the children are rendered: a reset (spec.model changed) reaches
         # its ConfigMap before the Deployment's new pods start, and a new pin is written in this pass.
         measured, report = await self._measure_cold_start(namespace, name, deployment_live, pod_spec_hash(spec))
-        live_pin = await self._client.get_object(ref_of(CONFIGMAP), namespace, names.pin_configmap_name(name))
+        live_pin = await self._reads.get_object(ref_of(CONFIGMAP), namespace, names.pin_configmap_name(name))
         pin = decide_pin(spec, pin_from_configmap(live_pin), report.model_digest if report else None)
         children = render_children(
             owner,
@@ -224,10 +251,12 @@ class Reconciler:
             elif child_name == names.pin_configmap_name(name):
                 live = live_pin
             else:
-                live = await self._client.get_object(ref_of(kind), namespace, child_name)
+                live = await self._reads.get_object(ref_of(kind), namespace, child_name)
             difference = "(missing)" if live is None else first_difference(child, live)
             if difference is None:
                 continue
+            if watched:
+                raise _ReadAgain
             try:
                 applied = await self._client.apply(ref_of(kind), child, field_manager=FIELD_MANAGER)
             except KubeRejected as e:
@@ -237,6 +266,8 @@ class Reconciler:
                 log.warning("apply of %s/%s refused: %s", kind.kind, child_name, e)
                 break
             outcome.applied.append(f"{kind.kind}/{child_name} ({difference})")
+            if self._cache is not None:
+                self._cache.remember(ref_of(kind), applied)
             if kind is DEPLOYMENT:
                 deployment_live = applied
         if outcome.apply_error is None:
@@ -262,7 +293,7 @@ class Reconciler:
             pods=diagnose_pods(unready) if unready else None,
             pulls=pulls,
         )
-        await self._write_status(body, observed, live_status, outcome)
+        await self._write_status(body, observed, live_status, outcome, watched)
         return outcome
 
     async def _pods_while_unready(
@@ -275,7 +306,7 @@ class Reconciler:
         if int((deployment.get("status") or {}).get("readyReplicas") or 0) >= desired:
             return None
         try:
-            pods = await self._client.list_objects(PODS, namespace, names.selector_string(name))
+            pods = await self._reads.list_objects(PODS, namespace, names.selector_string(name))
         except KubeError as e:
             log.info("cannot list engine pods of %s/%s to say why they are not ready: %s", namespace, name, e)
             return None
@@ -291,7 +322,7 @@ class Reconciler:
         if not ((deployment.get("status") or {}).get("readyReplicas") or 0):
             return None, None
         try:
-            pods = await self._client.list_objects(PODS, namespace, names.selector_string(name))
+            pods = await self._reads.list_objects(PODS, namespace, names.selector_string(name))
         except KubeError as e:
             # The figure is informative only; it must never hold up a reconcile.
             log.info("cannot list engine pods of %s/%s for the cold-start figure: %s", namespace, name, e)
@@ -305,11 +336,14 @@ class Reconciler:
         return latest, (await self._coldstart.latest(current) if current else None)
 
     async def _write_status(
-        self, body: dict[str, Any], observed: Observed, live_status: dict[str, Any], outcome: Outcome
+        self, body: dict[str, Any], observed: Observed, live_status: dict[str, Any], outcome: Outcome, watched: bool
     ) -> None:
         plan = plan_status(observed, live_status, self._clock())
         meta = body["metadata"]
-        if first_difference(plan.status, live_status) is not None:
+        changed = first_difference(plan.status, live_status) is not None
+        if watched and (changed or plan.transitions):
+            raise _ReadAgain
+        if changed:
             try:
                 await self._client.patch_status(
                     INFD, meta["namespace"], meta["name"], plan.status, field_manager=FIELD_MANAGER
@@ -334,6 +368,8 @@ class Reconciler:
             for child_name in _child_names(kind, name):
                 if await self._client.delete_object(ref_of(kind), namespace, child_name):
                     deleted.append(f"{kind.kind}/{child_name}")
+                if self._cache is not None:
+                    self._cache.forget(ref_of(kind), namespace, child_name)
         self.forget(namespace, name)
         return deleted
 

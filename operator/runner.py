@@ -13,16 +13,34 @@ from typing import Any, cast
 import kopf
 from lightkube.config.kubeconfig import SingleConfig
 
-from kvfleet.kube import KubeClient, load_config
+from kvfleet.kube import KubeClient, KubeError, Ref, load_config
 from kvfleet.kube.kopf_login import login_handler
 
+from .child_cache import ChildCache
 from .coldstart import ColdStartProbe
 from .handlers import build_registry, configure_kopf
 from .pull_progress import PullProgressProbe
 from .reconcile import Reconciler
+from .render import CHILD_KINDS, SERVICE_MONITOR
 from .settings import OperatorSettings
 
 USER_AGENT = "kvfleet-operator"
+# What the reconciler reads of its children and pods, watched instead of read by GET (child_cache.py).
+# ServiceMonitors too where their CRD is served at start (a watch of a resource the server does not
+# serve would fail forever); a CRD installed later is read by GET until the operator restarts.
+CACHED_KINDS = (
+    *(Ref(kind.api_version, kind.plural) for kind in CHILD_KINDS if kind is not SERVICE_MONITOR),
+    Ref("v1", "pods"),
+)
+
+
+async def cached_kinds(client: KubeClient) -> tuple[Ref, ...]:
+    monitors = Ref(SERVICE_MONITOR.api_version, SERVICE_MONITOR.plural)
+    try:
+        served = await client.serves(monitors.api_version, monitors.plural)
+    except KubeError:
+        served = False  # reads of ServiceMonitors stay GETs
+    return (*CACHED_KINDS, monitors) if served else CACHED_KINDS
 
 
 def post_kopf_event(obj: dict[str, Any], *, type: str, reason: str, message: str) -> None:
@@ -58,14 +76,21 @@ async def run_operator(
         timeout_s=settings.progress_timeout_s,
         pods_per_tick=settings.progress_pods_per_tick,
     )
+    cache = (
+        ChildCache(client, await cached_kinds(client), namespaces=settings.namespaces)
+        if settings.cache_children
+        else None
+    )
     reconciler = Reconciler(
-        client, settings, post_event=post_kopf_event, coldstart=coldstart, pull_progress=pull_progress
+        client, settings, post_event=post_kopf_event, coldstart=coldstart, pull_progress=pull_progress, cache=cache
     )
     registry = build_registry(reconciler, settings)
 
     kopf.on.login(registry=registry)(login_handler(load))
     kopf_settings = kopf.OperatorSettings()
     configure_kopf(kopf_settings, settings)
+    if cache is not None:
+        cache.start()  # reads fall back to the API server until each watch has listed
     try:
         await kopf.operator(
             registry=registry,
@@ -82,4 +107,6 @@ async def run_operator(
             ready_flag=ready_flag,
         )
     finally:
+        if cache is not None:
+            await cache.stop()
         await client.close()

@@ -103,6 +103,11 @@ class OperatorSettings(BaseModel):
         description="While a deployment is not Ready or still progressing, how often its pods are read, so a "
         "crash loop, an image that cannot be pulled or an unschedulable pod reaches status within seconds.",
     )
+    cache_children: bool = Field(
+        default=True,
+        description="Read children and engine pods from watches (one list-then-watch per kind) instead of a GET "
+        "per reconcile: a converged deployment's resync then costs no API request (operator/child_cache.py).",
+    )
     api_timeout_s: float = Field(default=30.0, gt=0, le=600, description="Timeout of one API request.")
     retry_delay_s: float = Field(default=10.0, gt=0, le=600, description="Delay before kopf retries a failed apply.")
     max_retries: int = Field(default=20, ge=0, le=1000, description="kopf retries of one change before giving up.")

@@ -13,13 +13,20 @@ from .pki import Pki
 from .settings import ClusterSettings, ControlPlaneError
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-AUDIT_POLICY = {
+AUDIT_POLICY: dict[str, object] = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     # Metadata is enough to see who did what to which resource, and what the server answered.
     "omitStages": ["RequestReceived"],
     "rules": [{"level": "Metadata"}],
 }
+
+
+def audit_policy(user_groups: tuple[str, ...]) -> dict[str, object]:
+    """``AUDIT_POLICY``, or one that records only requests of ``user_groups`` (the rest: level None)."""
+    if not user_groups:
+        return AUDIT_POLICY
+    return {**AUDIT_POLICY, "rules": [{"level": "Metadata", "userGroups": list(user_groups)}, {"level": "None"}]}
 
 
 def first_service_ip(cidr: str) -> str:
@@ -95,6 +102,9 @@ def component_argv(
             f"--cluster-signing-cert-file={pki.ca_cert}",
             f"--cluster-signing-key-file={pki.ca_key}",
             # kwok nodes have no kubelet: pods are the only thing to garbage-collect, and fast.
+            # kwok renews node leases from one process: on a busy machine a renewal can be late by
+            # tens of seconds, and the default 50 s grace then marks every node (and pod) NotReady.
+            "--node-monitor-grace-period=5m",
             "--concurrent-deployment-syncs=10",
             "--concurrent-replicaset-syncs=10",
         ],

@@ -7,13 +7,14 @@ from typing import Any
 # kwok manages only the nodes carrying this annotation (so it never touches a real node).
 NODE_SELECTOR_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_RESOURCE = "nvidia.com/gpu"
+MAX_GPU_NODES = 500  # bench/scale.py runs 200; each fake node costs kwok a lease renewal every ~40 s
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA's GPU feature discovery on real nodes
 
 
 def gpu_nodes(count: int, *, gpus: int, product: str, cpu: str = "64", memory: str = "512Gi") -> list[dict[str, Any]]:
     """``count`` Node objects with ``gpus`` allocatable GPUs of ``product`` each."""
-    if not 0 < count <= 100:
-        raise ValueError(f"gpu node count must be 1..100, got {count}")
+    if not 0 < count <= MAX_GPU_NODES:
+        raise ValueError(f"gpu node count must be 1..{MAX_GPU_NODES}, got {count}")
     capacity = {"cpu": cpu, "memory": memory, "pods": "110", GPU_RESOURCE: str(gpus)}
     return [
         {

@@ -31,3 +31,6 @@ class ClusterSettings:
     # The Service the host's loopback port ``router`` forwards to (NAMESPACE/NAME:PORT): the
     # chart's router as `helm install kvfleet charts/kvfleet -n kvfleet-system` names it.
     router_service: str = "kvfleet-system/kvfleet-router:80"
+    # Audit only these user groups (e.g. "system:serviceaccounts:kvfleet-system"); empty: everyone.
+    # A benchmark with thousands of pods would otherwise rotate away its own entries.
+    audit_user_groups: tuple[str, ...] = ()

@@ -51,3 +51,20 @@ async def test_coldstart_body_is_bounded(free_port: int, body: bytes, expected: 
         assert await probe.latest([ready_pod("u1")]) == expected
     finally:
         await runner.cleanup()
+
+
+async def test_a_launcher_that_does_not_answer_is_not_asked_again_until_the_retry(free_port: int) -> None:
+    """Nothing listens on the port: the pod is asked once, then left alone until the retry interval."""
+    from kvfleet.operator.coldstart import UNANSWERED_RETRY_S
+
+    now = [1000.0]
+    probe = ColdStartProbe(port=free_port, timeout_s=1, pods_per_tick=4, clock=lambda: now[0])
+    pods = [ready_pod("u1"), ready_pod("u2")]
+    assert await probe.latest(pods) is None
+    assert probe.asked == 2
+    now[0] += UNANSWERED_RETRY_S / 2
+    assert await probe.latest(pods) is None
+    assert probe.asked == 2  # a resync within the interval sends nothing
+    now[0] += UNANSWERED_RETRY_S
+    assert await probe.latest([*pods, ready_pod("u3")]) is None
+    assert probe.asked == 5  # all asked again after it, and a new pod at once

@@ -21,24 +21,24 @@ same list serves a ClusterRole (cluster mode) and a Role per watched namespace. 
   resources: [inferencedeployments/finalizers]
   verbs: [update]
 - apiGroups: [apps]
-  # Engine Deployment: read for drift, server-side apply (create on first apply), delete on cleanup.
+  # Engine Deployment: watched for drift (labelled children only), server-side apply, delete on cleanup.
   resources: [deployments]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   # Engine Service and the launcher's spec ConfigMap, as above.
   resources: [services, configmaps]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [monitoring.coreos.com]
   # The engine ServiceMonitor, only where the Prometheus Operator CRD exists (found by discovery).
   resources: [servicemonitors]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
-  # Engine pods: why unready ones fail, their launchers' pull progress, Ready ones' measured cold start.
+  # Engine pods (watched, labelled ones only): why unready ones fail, pull progress, measured cold start.
   resources: [pods]
-  verbs: [list]
+  verbs: [list, watch]
 - apiGroups: [""]
   # An Event per status transition.
   resources: [events]
