@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .settings import COMPONENTS, ControlPlaneError
@@ -24,30 +25,55 @@ def missing(bin_dir: Path) -> list[str]:
 
 def ensure_binaries(*, quiet: bool = False) -> Path:
     """The folder holding every binary, building it when needed; raises with the reason otherwise."""
-    given = os.environ.get(BIN_ENV)
+    return ensure_built(
+        bin_env=BIN_ENV,
+        build_script=BUILD_SCRIPT,
+        missing=missing,
+        error=ControlPlaneError,
+        what="the control plane",
+        timeout_s=BUILD_TIMEOUT_S,
+        quiet=quiet,
+    )
+
+
+def ensure_built(
+    *,
+    bin_env: str,
+    build_script: Path,
+    missing: Callable[[Path], list[str]],
+    error: type[Exception],
+    what: str,
+    timeout_s: float,
+    quiet: bool,
+) -> Path:
+    """A Go-built binaries folder: ``$bin_env`` when set (checked, never built), else what
+    ``build_script`` prints on its last line after building or finding its cache; ``error`` with
+    the reason otherwise. Shared by the control plane's and the real node's binaries."""
+    given = os.environ.get(bin_env)
     if given:
         bin_dir = Path(given)
         if gone := missing(bin_dir):
-            raise ControlPlaneError(f"{BIN_ENV}={given} lacks {', '.join(gone)}")
+            raise error(f"{bin_env}={given} lacks {', '.join(gone)}")
         return bin_dir
-    if not BUILD_SCRIPT.exists():
-        raise ControlPlaneError(
-            f"no binaries: set {BIN_ENV} to a folder with {', '.join(NEEDED)}, "
-            "or run from a source checkout (tools/k8s/build.sh builds them)"
+    script = f"tools/{build_script.parent.name}/{build_script.name}"
+    if not build_script.exists():
+        raise error(
+            f"no binaries for {what}: set {bin_env} to a folder with them, "
+            f"or run from a source checkout ({script} builds them)"
         )
     if shutil.which("go") is None:
-        raise ControlPlaneError(f"building the control plane needs Go >= 1.26 on PATH (or set {BIN_ENV})")
+        raise error(f"building {what} needs Go >= 1.26 on PATH (or set {bin_env})")
     result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)],
+        ["bash", str(build_script)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL if quiet else sys.stderr,
         text=True,
-        timeout=BUILD_TIMEOUT_S,
+        timeout=timeout_s,
         check=False,
     )
     if result.returncode != 0:
-        raise ControlPlaneError(f"tools/k8s/build.sh failed (exit {result.returncode}); its output says why")
+        raise error(f"{script} failed (exit {result.returncode}); its output says why")
     bin_dir = Path(result.stdout.strip().splitlines()[-1])
     if gone := missing(bin_dir):
-        raise ControlPlaneError(f"tools/k8s/build.sh finished but {bin_dir} lacks {', '.join(gone)}")
+        raise error(f"{script} finished but {bin_dir} lacks {', '.join(gone)}")
     return bin_dir

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..binaries import ensure_built
 from .settings import NodeError
 
 BIN_ENV = "KVFLEET_NODE_BIN"
@@ -33,12 +34,15 @@ def missing_system_tools(cni_bin_dir: Path) -> list[str]:
 
 
 def ensure_node_binaries(*, quiet: bool = False) -> Path:
-    given = os.environ.get(BIN_ENV)
-    if given:
-        bin_dir = Path(given)
-        if gone := missing(bin_dir):
-            raise NodeError(f"{BIN_ENV}={given} lacks {', '.join(gone)}")
-        return bin_dir
+    return ensure_built(
+        bin_env=BIN_ENV,
+        build_script=BUILD_SCRIPT,
+        missing=missing,
+        error=NodeError,
+        what="the real node",
+        timeout_s=BUILD_TIMEOUT_S,
+        quiet=quiet,
+    )
     if not BUILD_SCRIPT.exists():
         raise NodeError(f"no node binaries: set {BIN_ENV} to a folder with {', '.join(NEEDED)}")
     if shutil.which("go") is None:
