@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,36 +138,15 @@ class LlamaModel:
         """Logits (float32) of each sequence's ``logits_rows`` of a uniform step (``step_shapes.py``):
         every shape is fixed by the step's bucket, and nothing here reads a tensor back to the host,
         so on CUDA the whole call can be captured as a graph and replayed."""
-        pieces = self.pieces
-        rows = batch.shape.rows
-        padded = pieces.padded_tokens(rows)
-        token_ids, positions = batch.token_ids, batch.positions
-        if padded != rows:
-            token_ids = F.pad(token_ids, (0, padded - rows))
-            positions = F.pad(positions, (0, padded - rows))
-        cos = self.cos.index_select(0, positions).unsqueeze(1)
-        sin = self.sin.index_select(0, positions).unsqueeze(1)
-        h = self.embed.index_select(0, token_ids)
         c = self.config
         mask = causal_mask(batch, c.num_attention_heads // c.num_key_value_heads, block_size)
         with sdpa_kernel(_SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext():
-            for i, layer in enumerate(self.layers):
-                q, k, v = pieces.attn_in(h, layer.input_norm, layer.qkv_weight, layer.qkv_bias, cos, sin)
-                if padded != rows:
-                    q, k, v = q[:rows], k[:rows], v[:rows]
-                attn = block_table_attention(q, k, v, k_pools[i], v_pools[i], batch, block_size, mask)
-                if padded != rows:
-                    attn = F.pad(attn, (0, 0, 0, padded - rows))
-                h = pieces.attn_out_mlp(
-                    h, attn, layer.o_weight, layer.post_norm, layer.gate_up_weight, layer.down_weight
-                )
-        seqs = batch.shape.batch
-        out_rows = batch.logits_rows
-        padded_seqs = pieces.padded_tokens(seqs)
-        if padded_seqs != seqs:
-            out_rows = F.pad(out_rows, (0, padded_seqs - seqs))
-        logits = pieces.logits(h.index_select(0, out_rows), self.norm, self.lm_head)
-        return logits[:seqs] if padded_seqs != seqs else logits
+            h = self._layers(
+                batch,
+                batch.shape.rows,
+                lambda i, q, k, v: block_table_attention(q, k, v, k_pools[i], v_pools[i], batch, block_size, mask),
+            )
+        return self._logits(h, batch.logits_rows, batch.shape.batch)
 
     def _forward_varlen(self, batch: ForwardBatch, k_pools: torch.Tensor, v_pools: torch.Tensor) -> torch.Tensor:
         """Logits (float32) for ``batch.logits_rows``, after writing the batch's K/V into the pools.
@@ -174,30 +154,46 @@ class LlamaModel:
         The dense parts run through ``self.pieces`` (eager, or compiled graphs with their shape
         buckets, see ``compiled_forward.py``); paged attention always runs eager between them.
         """
+        h = self._layers(
+            batch,
+            batch.token_ids.shape[0],
+            lambda i, q, k, v: paged_attention(q, k, v, k_pools[i], v_pools[i], batch),
+        )
+        return self._logits(h, batch.logits_rows, batch.logits_rows.shape[0])
+
+    def _layers(
+        self,
+        batch: ForwardBatch | UniformBatch,
+        rows: int,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """The hidden states after every layer, for the batch's first ``rows`` tokens; ``attend(i,
+        q, k, v)`` is layer i's attention (it also writes the K/V into the pools)."""
         pieces = self.pieces
-        num_tokens = batch.token_ids.shape[0]
-        padded = pieces.padded_tokens(num_tokens)
+        padded = pieces.padded_tokens(rows)
         token_ids, positions = batch.token_ids, batch.positions
-        if padded != num_tokens:
+        if padded != rows:
             # Padding rows (token 0 at position 0) are computed and dropped before attention, so
             # they never reach the KV pools or the logits.
-            token_ids = F.pad(token_ids, (0, padded - num_tokens))
-            positions = F.pad(positions, (0, padded - num_tokens))
+            token_ids = F.pad(token_ids, (0, padded - rows))
+            positions = F.pad(positions, (0, padded - rows))
         cos = self.cos.index_select(0, positions).unsqueeze(1)
         sin = self.sin.index_select(0, positions).unsqueeze(1)
         h = self.embed.index_select(0, token_ids)
         for i, layer in enumerate(self.layers):
             q, k, v = pieces.attn_in(h, layer.input_norm, layer.qkv_weight, layer.qkv_bias, cos, sin)
-            if padded != num_tokens:
-                q, k, v = q[:num_tokens], k[:num_tokens], v[:num_tokens]
-            attn = paged_attention(q, k, v, k_pools[i], v_pools[i], batch)
-            if padded != num_tokens:
-                attn = F.pad(attn, (0, 0, 0, padded - num_tokens))
+            if padded != rows:
+                q, k, v = q[:rows], k[:rows], v[:rows]
+            attn = attend(i, q, k, v)
+            if padded != rows:
+                attn = F.pad(attn, (0, 0, 0, padded - rows))
             h = pieces.attn_out_mlp(h, attn, layer.o_weight, layer.post_norm, layer.gate_up_weight, layer.down_weight)
-        rows = batch.logits_rows
-        num_rows = rows.shape[0]
-        padded_rows = pieces.padded_tokens(num_rows)
-        if padded_rows != num_rows:
-            rows = F.pad(rows, (0, padded_rows - num_rows))
-        logits = pieces.logits(h.index_select(0, rows), self.norm, self.lm_head)
-        return logits[:num_rows] if padded_rows != num_rows else logits
+        return h
+
+    def _logits(self, h: torch.Tensor, out_rows: torch.Tensor, count: int) -> torch.Tensor:
+        """Logits (float32) of the ``count`` rows of ``h`` that ``out_rows`` names."""
+        padded = self.pieces.padded_tokens(count)
+        if padded != count:
+            out_rows = F.pad(out_rows, (0, padded - count))
+        logits = self.pieces.logits(h.index_select(0, out_rows), self.norm, self.lm_head)
+        return logits[:count] if padded != count else logits
