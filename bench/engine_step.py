@@ -5,7 +5,9 @@
              32. With --baseline-python, the same measurement also runs under another
              interpreter (a checkout of the engine before a change), alternating run by run.
   profile    CUDA: torch.profiler over steady decode steps at batch 1 and 32: wall time per step
-             against GPU busy time per step (the union of the kernels' intervals), the card named.
+             against GPU busy time per step (the union of the kernels' intervals), the card named;
+             --compare-async also runs the same engine with overlapped steps off, in the same
+             process, and --compare-graphs with CUDA graphs off.
 
 Both merge their figures into docs/benchmarks/engine.json under "step" and re-render engine.md
 (bench/engine_throughput.py --render-only).
@@ -159,7 +161,13 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_tokens": args.prompt_tokens,
         "runs": {},
     }
-    for graphs in (True, False) if args.compare_graphs else (True,):
+    configs = [(True, "auto")]  # the defaults: graphs on, overlapped steps on CUDA
+    if args.compare_async:
+        configs.append((True, "off"))
+    if args.compare_graphs:
+        configs.append((False, "auto"))
+    cores: dict[str, EngineCore] = {}
+    for graphs, async_scheduling in configs:
         settings = EngineSettings(
             device=args.device,  # type: ignore[arg-type]
             num_kv_blocks=4096,
@@ -167,41 +175,56 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             max_num_batched_tokens=512,
             compile=args.compile,  # type: ignore[arg-type]
             cuda_graphs=graphs,
+            async_scheduling=async_scheduling,  # type: ignore[arg-type]
             artifacts_dir=args.artifacts_dir,
         )
         core = load_engine_core(model_dir, settings, "bench")
-        name = f"graphs={'on' if graphs else 'off'} compile={args.compile}"
+        overlap = "on" if core.overlap else "off"
+        cores[f"graphs={'on' if graphs else 'off'} compile={args.compile} overlap={overlap}"] = core
+    # Every engine is loaded once; the runs alternate between them, so a drift of the machine
+    # (clocks, other tenants) hits each alike.
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(args.repeats):
         for batch in (1, 32):
-            steady_decode(core, batch, args.prompt_tokens, 400, args.vocab, f"b{batch}")
-            time_steps(core, 10)  # any bucket met for the first time is captured here
-            wall = statistics.median(time_steps(core, args.steps))
-            sync()
-            n = 10
-            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    core.step()
+            for name, core in cores.items():
+                steady_decode(core, batch, args.prompt_tokens, 400, args.vocab, f"r{rep}b{batch}")
+                time_steps(core, 10)  # any bucket met for the first time is captured here
+                wall = statistics.median(time_steps(core, args.steps))
                 sync()
-                profiled_wall = (time.perf_counter() - t0) / n
-            busy = gpu_busy_s(prof) / n
-            row = {
-                "decode_step_wall_s": wall,
-                "profiled_step_wall_s": profiled_wall,
-                "gpu_busy_s": busy,
-                "wall_over_busy": wall / busy if busy else None,
-                "uniform_steps": core.runner.uniform_steps,
-                "graphs": [str(s) for s in core.runner.graphs.shapes] if core.runner.graphs else [],
-                "graphs_disabled": core.runner.graphs.disabled_reason if core.runner.graphs else None,
-            }
-            results["runs"][f"{name}@{batch}"] = row
-            print(f"[profile] {name} batch {batch}: {json.dumps(row)}", flush=True)
-            if args.trace_dir and graphs and batch == 32:
-                prof.export_chrome_trace(str(args.trace_dir / "decode_step_b32.json"))
-            drain(core)
-            core.step()
-        del core
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
+                n = 10
+                with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        core.step()
+                    sync()
+                    profiled_wall = (time.perf_counter() - t0) / n
+                busy = gpu_busy_s(prof) / n
+                row = {
+                    "decode_step_wall_s": wall,
+                    "profiled_step_wall_s": profiled_wall,
+                    "gpu_busy_s": busy,
+                    "wall_over_busy": wall / busy if busy else None,
+                    "overlapped": core.overlap,
+                    "uniform_steps": core.runner.uniform_steps,
+                    "graphs": [str(s) for s in core.runner.graphs.shapes] if core.runner.graphs else [],
+                    "graphs_disabled": core.runner.graphs.disabled_reason if core.runner.graphs else None,
+                }
+                samples.setdefault(f"{name}@{batch}", []).append(row)
+                print(f"[profile] run {rep + 1} {name} batch {batch}: {json.dumps(row)}", flush=True)
+                if args.trace_dir and rep == 0 and name == next(iter(cores)) and batch == 32:
+                    prof.export_chrome_trace(str(args.trace_dir / "decode_step_b32.json"))
+                drain(core)
+                while core.has_work():
+                    core.step()  # collects a step still in flight
+    for key, rows in samples.items():
+        row = dict(rows[-1])
+        for field in ("decode_step_wall_s", "profiled_step_wall_s", "gpu_busy_s"):
+            row[field] = statistics.median(r[field] for r in rows)
+        ratios = [r["wall_over_busy"] for r in rows if r["wall_over_busy"] is not None]
+        row["wall_over_busy"] = statistics.median(ratios) if ratios else None
+        row["wall_over_busy_samples"] = ratios
+        results["runs"][key] = row
+    results["repeats"] = args.repeats
     return results
 
 
@@ -229,6 +252,9 @@ def main() -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="profile: cpu is a dry run")
     parser.add_argument("--compile", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--compare-graphs", action="store_true", help="profile also with CUDA graphs off")
+    parser.add_argument(
+        "--compare-async", action="store_true", help="profile also with overlapped steps off (--async-scheduling off)"
+    )
     parser.add_argument("--artifacts-dir", type=Path, default=None, help="compile cache shared across runs")
     parser.add_argument("--trace-dir", type=Path, default=None)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "kvfleet-bench")

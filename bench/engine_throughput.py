@@ -644,17 +644,21 @@ def step_markdown(step: dict[str, Any]) -> list[str]:
             "",
             f"`core.step()` of a steady decode, {prof['model']}, {prof['prompt_tokens']}-token prompts; wall: "
             "median over steps; GPU busy: the union of the device's kernel and copy intervals in "
-            "torch.profiler over 10 steps, per step. Goal: wall <= 1.5x busy.",
+            "torch.profiler over 10 steps, per step. Goal: wall <= 1.5x busy. `overlap`: step N+1 launched "
+            "before step N's ids are read back (the CUDA default); off: one step at a time. "
+            f"{prof.get('repeats', 1)} run(s) of each engine, alternating in one process: medians, and "
+            "each run's ratio.",
             "",
-            "| device | engine | batch | wall per step | GPU busy per step | wall / busy | met |",
-            "|---|---|---|---|---|---|---|",
+            "| device | engine | batch | wall per step | GPU busy per step | wall / busy | each run | met |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for key, row in prof["runs"].items():
             name, batch = key.rsplit("@", 1)
             ratio = row["wall_over_busy"] or float("nan")
+            each = ", ".join(f"{r:.2f}x" for r in row.get("wall_over_busy_samples", [ratio]))
             lines.append(
                 f"| {prof['device']} | {name} | {batch} | {row['decode_step_wall_s'] * 1e3:.2f} ms | "
-                f"{row['gpu_busy_s'] * 1e3:.2f} ms | {ratio:.2f}x | {'yes' if ratio <= 1.5 else 'no'} |"
+                f"{row['gpu_busy_s'] * 1e3:.2f} ms | {ratio:.2f}x | {each} | {'yes' if ratio <= 1.5 else 'no'} |"
             )
         lines.append("")
     return lines

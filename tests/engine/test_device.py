@@ -48,13 +48,18 @@ def test_cuda_graphs_replay_the_uncaptured_outputs_and_a_decode_step_syncs_once(
     prompts = {f"r{i}": list(range(10 + i, 40 + 5 * i)) for i in range(5)}
     eager = make_core(tiny_model_dir, device="cuda", dtype="bfloat16", compile="off", cuda_graphs=False)
     graphed = make_core(tiny_model_dir, device="cuda", dtype="bfloat16", compile="off")
-    assert run_to_completion(graphed, prompts, params) == run_to_completion(eager, prompts, params)
+    one_at_a_time = make_core(tiny_model_dir, device="cuda", dtype="bfloat16", compile="off", async_scheduling="off")
+    assert graphed.overlap and not one_at_a_time.overlap, "overlapped steps are CUDA's default"
+    expected = run_to_completion(eager, prompts, params)
+    assert run_to_completion(graphed, prompts, params) == expected
+    assert run_to_completion(one_at_a_time, prompts, params) == expected
     graphs = graphed.runner.graphs
     assert graphs is not None and graphs.shapes, "uniform steps were captured"
     captured = list(graphs.shapes)
 
     # Steady decodes of buckets already met: replays only, and no synchronizing call but the one
-    # copy of the sampled ids (torch's sync debug mode warns on every implicit sync).
+    # copy of the sampled ids (torch's sync debug mode warns on every implicit sync). Overlapped, a
+    # call copies the ids of the step it launches and waits for those of the one before.
     # New prompts of the same lengths (no prefix hits): the same buckets as the first round.
     for i, prompt in enumerate(prompts.values()):
         graphed.add_request(EngineRequest(f"again-{i}", [t + 400 for t in prompt], params, 0.0))
@@ -65,13 +70,13 @@ def test_cuda_graphs_replay_the_uncaptured_outputs_and_a_decode_step_syncs_once(
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            copies = graphed.runner.host_copies
-            steps = 0
+            copies = []
             while graphed.has_work():
-                if graphed.step():
-                    steps += 1
+                before = graphed.runner.host_copies
+                graphed.step()
+                copies.append((graphed.runner.host_copies - before, graphed.step_in_flight))
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert graphed.runner.host_copies - copies == steps
+    assert len(copies) >= 10 and all(n == (1 if launched else 0) for n, launched in copies), copies
     assert [str(w.message) for w in caught if "synchroniz" in str(w.message)] == []
     assert graphs.shapes == captured, "the same buckets replayed; nothing new captured"
