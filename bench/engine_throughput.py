@@ -802,7 +802,12 @@ def main() -> int:
         old = json.loads((args.out_dir / "engine.json").read_text())
         measured = {d["device"] for d in result["devices"]}
         kept = [
-            {**d, "args": old.get("args"), "load": [old.get("load_before"), old.get("load_after")]}
+            # A device kept through several runs keeps the arguments it was measured with.
+            {
+                **d,
+                "args": d.get("args") or old.get("args"),
+                "load": d.get("load") or [old.get("load_before"), old.get("load_after")],
+            }
             for d in old.get("devices", [])
             if d["device"] not in measured
         ]

@@ -5,11 +5,15 @@ emits the speculative token step N+1 computed for it. Run on CPU with ``async_sc
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
 from kvfleet.engine.engine_core import EngineCore
@@ -19,7 +23,7 @@ from kvfleet.engine.sampling import SamplingParams
 from kvfleet.engine.scheduler import ScheduledChunk
 from kvfleet.engine.settings import EngineSettings
 
-from .conftest import make_core
+from .conftest import SERVED, EngineProcess, make_core, run_engine
 
 
 @dataclass
@@ -141,3 +145,54 @@ def test_aborting_a_request_with_a_step_in_flight(tiny_model_dir: Path) -> None:
             seen[out.request_id] += len(out.new_token_ids)
     assert seen["a0"] == seen["a2"] == 30
     assert core.kv_cache.pool.usage() == 0.0, "every block released"
+
+
+async def _completions(url: str, bodies: list[dict[str, Any]]) -> list[tuple[str, str | None, int]]:
+    """Each body's text, finish reason and completion tokens, all sent at once (streamed ones joined)."""
+
+    async def one(session: aiohttp.ClientSession, body: dict[str, Any]) -> tuple[str, str | None, int]:
+        async with session.post(f"{url}/v1/completions", json={"model": SERVED, **body}) as r:
+            assert r.status == 200, await r.text()
+            if not body.get("stream"):
+                got = await r.json()
+                return got["choices"][0]["text"], got["choices"][0]["finish_reason"], got["usage"]["completion_tokens"]
+            text, reason, tokens = "", None, 0
+            for line in (await r.read()).decode().split("\n\n"):
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[len("data: ") :])
+                    for choice in chunk["choices"]:
+                        text += choice["text"]
+                        reason = choice["finish_reason"] or reason
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+            return text, reason, tokens
+
+    async with aiohttp.ClientSession() as session:
+        return list(await asyncio.gather(*(one(session, b) for b in bodies)))
+
+
+@pytest.mark.slow
+async def test_a_served_engine_with_overlapped_steps_answers_as_one_step_at_a_time(
+    engine_server: EngineProcess, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # Through the real server and its step thread: the last step's outputs are collected when no
+    # sequence is left to schedule, streams end, stop strings cut at the same place.
+    base = {"temperature": 0, "ignore_eos": True}
+    first = await _completions(engine_server.url, [{**base, "prompt": "hello world", "max_tokens": 12}])
+    stop = first[0][0][4:6]
+    assert stop.strip(), first
+    bodies = [
+        {**base, "prompt": "hello world", "max_tokens": 12, "stop": [stop]},
+        {**base, "prompt": "hello world", "max_tokens": 12, "stop": [stop], "stream": True,
+         "stream_options": {"include_usage": True}},
+        *({**base, "prompt": f"request {i} of several", "max_tokens": 3 + 5 * i} for i in range(4)),
+        {"prompt": "sampled", "max_tokens": 9, "temperature": 0.8, "seed": 3, "ignore_eos": True, "stream": True,
+         "stream_options": {"include_usage": True}},
+    ]  # fmt: skip
+    expected = await _completions(engine_server.url, bodies)
+    assert expected[0][1] == "stop" and expected[2][1] == "length"
+    with run_engine(tiny_model_dir, tmp_path, "--kv-blocks", "256", "--async-scheduling", "on") as overlapped:
+        got = await _completions(overlapped.url, bodies)
+        again = await _completions(overlapped.url, bodies[:1])
+    assert got == expected
+    assert again == expected[:1]
