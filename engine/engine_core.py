@@ -42,6 +42,7 @@ from kvfleet.engine.model import LlamaModel
 from kvfleet.engine.model_config import load_model_config
 from kvfleet.engine.model_runner import LaunchedStep, ModelRunner, kv_bytes_per_token
 from kvfleet.engine.output_processor import OutputProcessor
+from kvfleet.engine.paged_decode_triton import available as paged_decode_available
 from kvfleet.engine.request import EngineRequest, RequestOutput
 from kvfleet.engine.runtime_artifacts import load_model
 from kvfleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -94,6 +95,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens), self.kv_cache
         )
+        model.decode_attention_triton = settings.decode_attention_triton(model.device.type, paged_decode_available())
         self.runner = ModelRunner(
             model,
             self.num_blocks,
