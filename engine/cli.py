@@ -135,6 +135,15 @@ def engine() -> None:
     "auto: on for CUDA, off on CPU.",
 )
 @click.option(
+    "--decode-attention",
+    "decode_attention",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "triton", "gather"]),
+    help="Decode steps' attention: triton reads the paged KV cache in place; gather copies the blocks out for "
+    "SDPA; auto: triton on CUDA where it imports.",
+)
+@click.option(
     "--kv-events-config",
     default=None,
     help='vLLM\'s KV-cache events as JSON, e.g. {"enable_kv_cache_events": true, "publisher": "zmq", '
@@ -164,6 +173,7 @@ def serve(
     compile_sizes: str,
     cuda_graphs: bool,
     async_scheduling: str,
+    decode_attention: str,
     kv_events_config: str | None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
@@ -199,6 +209,7 @@ def serve(
             compile_sizes_tokens=sizes,
             cuda_graphs=cuda_graphs,
             async_scheduling=async_scheduling,  # type: ignore[arg-type]
+            decode_attention=decode_attention,  # type: ignore[arg-type]
             kv_events=KVEventsConfig.from_json(kv_events_config) if kv_events_config else KVEventsConfig(),
         )
         server_settings = ServerSettings(
