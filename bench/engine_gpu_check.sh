@@ -4,7 +4,9 @@
 #      per decode step);
 #   2. bench/engine_throughput.py at a 16 x 2048 random Llama in bfloat16 against transformers'
 #      batched generate, in the same process;
-#   3. bench/engine_step.py profile: a decode step's wall time vs its GPU busy time.
+#   3. bench/engine_step.py profile: a decode step's wall time vs its GPU busy time, the default
+#      engine (overlapped steps) beside the same engine one step at a time, alternating in one
+#      process ($PROFILE_ARGS, default: --compare-async --repeats 3; add --compare-graphs for graphs off).
 # Results go under $OUT (default /tmp/kvfleet-gpu-out): run.log, bench/engine.{json,md,png} (the CPU figures
 # of docs/benchmarks/engine.json kept beside the GPU ones; copy them back into docs/benchmarks/) and a
 # profiler trace of 10 decode steps at batch 32.
@@ -45,8 +47,9 @@ timeout "${THROUGHPUT_S:-170}" python3 bench/engine_throughput.py --device cuda 
   --keep-devices --out-dir "$OUT/bench" >>"$LOG" 2>&1
 echo "throughput rc=$?" >>"$LOG"
 echo "== profile" >>"$LOG"
-timeout "${PROFILE_S:-120}" python3 bench/engine_step.py profile "${SIZE[@]}" --prompt-tokens 512 --steps 100 \
-  --compare-graphs --artifacts-dir "$ART" --work-dir "$WORK" --trace-dir "$OUT/bench" --out-dir "$OUT/bench" \
+# shellcheck disable=SC2086  # PROFILE_ARGS is a list of flags
+timeout "${PROFILE_S:-150}" python3 bench/engine_step.py profile "${SIZE[@]}" --prompt-tokens 512 --steps 100 \
+  ${PROFILE_ARGS:---compare-async --repeats 3} --artifacts-dir "$ART" --work-dir "$WORK" --trace-dir "$OUT/bench" --out-dir "$OUT/bench" \
   >>"$LOG" 2>&1
 echo "profile rc=$?" >>"$LOG"
 tail -c 6000 "$LOG"

@@ -627,6 +627,7 @@ def step_markdown(step: dict[str, Any]) -> list[str]:
                 f"| {row['decode_step_s@32'] * 1e3:.3f} ms | {row['decode_step_cpu_s@32'] * 1e3:.3f} ms |"
             )
         lines.append("")
+    lines += kernel_markdown(step.get("paged_decode_kernel"))
     prof = step.get("cuda_profile")
     if host and not prof:
         lines += [
@@ -638,26 +639,53 @@ def step_markdown(step: dict[str, Any]) -> list[str]:
             "the card's figures here beside the CPU ones.",
             "",
         ]
-    if prof:
+    for prof in (step.get("cuda_profile"), step.get("cuda_profile_decode_attention")):
+        if not prof:
+            continue
         lines += [
             f"## Decode step: wall time vs GPU busy time ({prof['device']})",
             "",
             f"`core.step()` of a steady decode, {prof['model']}, {prof['prompt_tokens']}-token prompts; wall: "
             "median over steps; GPU busy: the union of the device's kernel and copy intervals in "
-            "torch.profiler over 10 steps, per step. Goal: wall <= 1.5x busy.",
+            "torch.profiler over 10 steps, per step. Goal: wall <= 1.5x busy. `overlap`: step N+1 launched "
+            "before step N's ids are read back (the CUDA default); off: one step at a time. `decode`: "
+            "uniform decode steps' attention by the Triton paged kernel or by gather + SDPA. "
+            f"{prof.get('repeats', 1)} run(s) of each engine, alternating in one process: medians, and "
+            "each run's ratio.",
             "",
-            "| device | engine | batch | wall per step | GPU busy per step | wall / busy | met |",
-            "|---|---|---|---|---|---|---|",
+            "| device | engine | batch | wall per step | GPU busy per step | wall / busy | each run | met |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for key, row in prof["runs"].items():
             name, batch = key.rsplit("@", 1)
             ratio = row["wall_over_busy"] or float("nan")
+            each = ", ".join(f"{r:.2f}x" for r in row.get("wall_over_busy_samples", [ratio]))
             lines.append(
                 f"| {prof['device']} | {name} | {batch} | {row['decode_step_wall_s'] * 1e3:.2f} ms | "
-                f"{row['gpu_busy_s'] * 1e3:.2f} ms | {ratio:.2f}x | {'yes' if ratio <= 1.5 else 'no'} |"
+                f"{row['gpu_busy_s'] * 1e3:.2f} ms | {ratio:.2f}x | {each} | {'yes' if ratio <= 1.5 else 'no'} |"
             )
         lines.append("")
     return lines
+
+
+def kernel_markdown(kern: dict[str, Any] | None) -> list[str]:
+    """bench/engine_step.py kernel: decode attention alone, the Triton kernel vs gather + SDPA."""
+    if not kern:
+        return []
+    lines = [
+        f"## Decode attention alone: Triton paged kernel vs gather + SDPA ({kern['device']})",
+        "",
+        f"{kern['shape']}; per call, median of {kern['repeats']} timed graph replays alternating.",
+        "",
+        "| device | step | gather + SDPA | Triton kernel | speedup | kernel's KV read rate | max abs diff |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, row in kern["runs"].items():
+        lines.append(
+            f"| {kern['device']} | {key} | {row['gather+sdpa_s'] * 1e6:.1f} us | {row['triton_s'] * 1e6:.1f} us | "
+            f"{row['speedup']:.2f}x | {row['triton_kv_tb_per_s']:.2f} TB/s | {row['max_abs_diff']:.3g} |"
+        )
+    return [*lines, ""]
 
 
 def plot(result: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
@@ -798,7 +826,12 @@ def main() -> int:
         old = json.loads((args.out_dir / "engine.json").read_text())
         measured = {d["device"] for d in result["devices"]}
         kept = [
-            {**d, "args": old.get("args"), "load": [old.get("load_before"), old.get("load_after")]}
+            # A device kept through several runs keeps the arguments it was measured with.
+            {
+                **d,
+                "args": d.get("args") or old.get("args"),
+                "load": d.get("load") or [old.get("load_before"), old.get("load_after")],
+            }
             for d in old.get("devices", [])
             if d["device"] not in measured
         ]

@@ -45,16 +45,26 @@ class UniformBatch:
     logits_rows: torch.Tensor  # [batch]
 
     @classmethod
-    def from_flat(cls, shape: StepShape, flat: torch.Tensor) -> UniformBatch:
+    def from_flat(cls, shape: StepShape, flat: torch.Tensor, sampled: torch.Tensor | None = None) -> UniformBatch:
+        """``sampled``: the device buffer of the previous step's sampled ids, which placeholder
+        token ids (:func:`resolve_placeholders`) read; None when no step is overlapped."""
         r, b, w = shape.rows, shape.batch, shape.width_blocks
+        tokens = flat[0:r]
         return cls(
             shape=shape,
-            token_ids=flat[0:r],
+            token_ids=tokens if sampled is None else resolve_placeholders(tokens, sampled),
             positions=flat[r : 2 * r],
             slot_mapping=flat[2 * r : 3 * r],
             block_tables=flat[3 * r : 3 * r + b * w].view(b, w),
             logits_rows=flat[3 * r + b * w : 3 * r + b * w + b],
         )
+
+
+def resolve_placeholders(token_ids: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+    """Token ids with each placeholder ``-(i + 1)`` replaced by ``sampled[i]``, on the device: a
+    step launched before the previous one's ids reached the host feeds them in without waiting."""
+    rows = (-1 - token_ids).clamp_(min=0)
+    return torch.where(token_ids >= 0, token_ids, sampled.index_select(0, rows))
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,24 @@ def engine() -> None:
     help="On CUDA, capture each decode/short-chunk step bucket as a CUDA graph and replay it (as vLLM does).",
 )
 @click.option(
+    "--async-scheduling",
+    "async_scheduling",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "on", "off"]),
+    help="Schedule and launch step N+1 before step N's sampled ids are read back (vLLM's async scheduling); "
+    "auto: on for CUDA, off on CPU.",
+)
+@click.option(
+    "--decode-attention",
+    "decode_attention",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "triton", "gather"]),
+    help="Decode steps' attention: triton reads the paged KV cache in place; gather copies the blocks out for "
+    "SDPA; auto: triton on CUDA where it imports.",
+)
+@click.option(
     "--kv-events-config",
     default=None,
     help='vLLM\'s KV-cache events as JSON, e.g. {"enable_kv_cache_events": true, "publisher": "zmq", '
@@ -154,6 +172,8 @@ def serve(
     compile_mode: str,
     compile_sizes: str,
     cuda_graphs: bool,
+    async_scheduling: str,
+    decode_attention: str,
     kv_events_config: str | None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
@@ -188,6 +208,8 @@ def serve(
             compile_mode=compile_mode,  # type: ignore[arg-type]
             compile_sizes_tokens=sizes,
             cuda_graphs=cuda_graphs,
+            async_scheduling=async_scheduling,  # type: ignore[arg-type]
+            decode_attention=decode_attention,  # type: ignore[arg-type]
             kv_events=KVEventsConfig.from_json(kv_events_config) if kv_events_config else KVEventsConfig(),
         )
         server_settings = ServerSettings(

@@ -34,9 +34,18 @@ class _Captured:
 
 class UniformStepGraphs:
     def __init__(
-        self, model: LlamaModel, k_pools: torch.Tensor, v_pools: torch.Tensor, block_size: int, max_graphs: int
+        self,
+        model: LlamaModel,
+        k_pools: torch.Tensor,
+        v_pools: torch.Tensor,
+        block_size: int,
+        max_graphs: int,
+        sampled: torch.Tensor | None = None,
     ) -> None:
         self.model = model
+        # The previous step's sampled ids on the device (overlapped scheduling): a graph reads its
+        # placeholder tokens from this fixed buffer, so the replay never waits for the host.
+        self.sampled = sampled
         self.k_pools, self.v_pools = k_pools, v_pools
         self.block_size = block_size
         self.max_graphs = max_graphs
@@ -78,7 +87,7 @@ class UniformStepGraphs:
         return self._forward(shape, inputs)
 
     def _forward(self, shape: StepShape, inputs: torch.Tensor) -> torch.Tensor:
-        batch = UniformBatch.from_flat(shape, inputs)
+        batch = UniformBatch.from_flat(shape, inputs, self.sampled)
         return self.model.forward_uniform(batch, self.k_pools, self.v_pools, self.block_size)
 
     def _capture(self, shape: StepShape, host_inputs: torch.Tensor) -> _Captured:

@@ -9,6 +9,16 @@ parts that each do one job --
 plus ``EngineMetrics`` (what a step records) and the KV-event publisher. It runs on the engine
 thread only (``async_engine.py``); nothing here blocks on I/O. ``load_engine_core`` builds one
 from a model folder.
+
+Overlapped scheduling (``EngineSettings.async_scheduling``, on by default on CUDA; vLLM's async
+scheduling, SGLang's overlap scheduler): ``step()`` schedules and launches step N+1 *before* it
+waits for step N's sampled ids, so the host's bookkeeping of step N (detokenizing, stop
+conditions, outputs) and its building of step N+2 run while the device computes step N+1. A
+sequence sampled in step N enters step N+1 with a placeholder token that the device fills from
+step N's ids. A sequence that step N finished (EOS, a stop string) was already in step N+1: that
+speculative token is dropped, never emitted; one whose step-N token is its ``max_tokens``-th is
+not scheduled again. Outputs are the same tokens as without overlap; each ``step()`` returns the
+previous launch's outputs.
 """
 
 from __future__ import annotations
@@ -30,8 +40,9 @@ from kvfleet.engine.kv_events import ZmqEventPublisher
 from kvfleet.engine.metrics import EngineMetrics
 from kvfleet.engine.model import LlamaModel
 from kvfleet.engine.model_config import load_model_config
-from kvfleet.engine.model_runner import ModelRunner, kv_bytes_per_token
+from kvfleet.engine.model_runner import LaunchedStep, ModelRunner, kv_bytes_per_token
 from kvfleet.engine.output_processor import OutputProcessor
+from kvfleet.engine.paged_decode_triton import available as paged_decode_available
 from kvfleet.engine.request import EngineRequest, RequestOutput
 from kvfleet.engine.runtime_artifacts import load_model
 from kvfleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -59,6 +70,8 @@ class EngineCore:
         self.clock = clock
         cfg = model.config
         bs = settings.block_size_tokens
+        self.overlap = settings.async_scheduling_enabled(model.device.type)
+        self._in_flight: LaunchedStep | None = None  # launched, its ids not yet collected (overlap)
         self.max_model_len = min(
             settings.max_model_len_tokens or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
@@ -82,6 +95,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens), self.kv_cache
         )
+        model.decode_attention_triton = settings.decode_attention_triton(model.device.type, paged_decode_available())
         self.runner = ModelRunner(
             model,
             self.num_blocks,
@@ -90,6 +104,7 @@ class EngineCore:
             max_num_seqs=settings.max_num_seqs,
             max_model_len_tokens=self.max_model_len,
             cuda_graphs=settings.cuda_graphs,
+            overlap=self.overlap,
         )
         eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.outputs = OutputProcessor(tokenizer, eos_ids, self.max_model_len)
@@ -144,7 +159,12 @@ class EngineCore:
         return self.outputs.abort(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
+
+    @property
+    def step_in_flight(self) -> bool:
+        """A step is launched whose sampled ids the next ``step()`` collects (overlap only)."""
+        return self._in_flight is not None
 
     @property
     def num_requests(self) -> int:
@@ -152,30 +172,63 @@ class EngineCore:
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the chunks through the model, turn each sampled token into an output."""
+        """Schedule, run the chunks through the model, turn each sampled token into an output.
+
+        Overlapped, the outputs are those of the step launched by the previous call; this call's
+        launch is collected by the next one (``has_work`` stays true until it is)."""
         try:
             sched = self.scheduler.schedule()
             self.metrics.record_schedule(sched)
             for p in sched.preempted:
                 log.info("preempted %s: %s", p.request_id, p.reason)
-            outputs = self._run(sched) if sched.chunks else []
+            launched = self._launch(sched) if sched.chunks else None
+            if self.overlap:
+                done, self._in_flight = self._in_flight, launched
+            else:
+                done = launched
+            outputs = self._collect(done) if done is not None else []
+            if self._in_flight is not None:
+                self._add_placeholders(self._in_flight)
             self._update_gauges()
             return outputs
         finally:
             self._publish_events()
 
-    def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
-        sampled = self.runner.execute(sched.chunks)
+    def _launch(self, sched: SchedulerOutput) -> LaunchedStep | None:
+        launched = self.runner.launch(sched.chunks)
         self.scheduler.after_step(sched.chunks)
         computed_prompt_tokens = sched.computed_prompt_tokens
         self.total_prefill_computed_tokens += computed_prompt_tokens
         self.metrics.record_prefill(computed_prompt_tokens)
+        return launched
+
+    def _collect(self, launched: LaunchedStep) -> list[RequestOutput]:
+        sampled = self.runner.collect(launched)
         now = self.clock()
-        return [self._append_token(seq, token, now) for seq, token in sampled]
+        outputs = []
+        for seq, token in sampled:
+            if seq.finish_reason is not None:
+                continue  # finished (or aborted) while this step ran: its token was speculative
+            if seq.num_pending_tokens:
+                seq.token_ids[-1] = token
+                seq.num_pending_tokens = 0
+                self.scheduler.token_known(seq)
+            else:
+                seq.token_ids.append(token)
+            outputs.append(self._append_token(seq, token, now))
+        return outputs
+
+    @staticmethod
+    def _add_placeholders(launched: LaunchedStep) -> None:
+        """Each sequence sampled by the step in flight gets its token as a placeholder naming its row,
+        so the next step can be scheduled (and its input filled on the device) before the id is known."""
+        for row, seq in enumerate(launched.seqs):
+            if seq.finish_reason is None:
+                seq.token_ids.append(-(row + 1))
+                seq.num_pending_tokens = 1
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
         self.metrics.record_token(seq, now)
-        seq.token_ids.append(token)
         output = self.outputs.process_token(seq, token)
         if output.finish_reason is not None:
             self._finish(seq, output.finish_reason)

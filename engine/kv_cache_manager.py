@@ -108,7 +108,8 @@ class KVCacheManager:
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Make the sequence's newly full, computed blocks findable in the prefix cache."""
         bs = self.block_size_tokens
-        full = seq.num_computed_tokens // bs
+        # A block whose last token is still a placeholder (its id on the device) waits a step.
+        full = min(seq.num_computed_tokens, seq.num_known_tokens) // bs
         if full <= seq.num_registered_blocks:
             return
         self._update_hashes(seq)
@@ -127,6 +128,7 @@ class KVCacheManager:
     def _update_hashes(self, seq: Sequence) -> None:
         bs = self.block_size_tokens
         known = len(seq.block_hashes)
-        if seq.num_tokens // bs > known:
+        num_known = seq.num_known_tokens  # placeholders are never hashed
+        if num_known // bs > known:
             parent = seq.block_hashes[-1] if seq.block_hashes else self.hash_seed
-            seq.block_hashes.extend(chain_block_hashes(parent, seq.token_ids[known * bs :], bs))
+            seq.block_hashes.extend(chain_block_hashes(parent, seq.token_ids[known * bs : num_known], bs))

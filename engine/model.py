@@ -22,6 +22,7 @@ from kvfleet.engine.errors import ModelLoadError
 from kvfleet.engine.forward_pieces import EagerPieces, ForwardPieces
 from kvfleet.engine.model_config import ModelConfig, RopeScaling, load_model_config
 from kvfleet.engine.paged_attention import ForwardBatch, paged_attention
+from kvfleet.engine.paged_decode_triton import paged_decode_attention
 from kvfleet.engine.weights import load_state_dict
 
 # SDPA backends the engine lets torch choose from: cuDNN's is left out because it builds a new plan
@@ -109,6 +110,9 @@ class LlamaModel:
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
         self.pieces: ForwardPieces = EagerPieces(config)
+        # Uniform decode steps read the KV pool in place (paged_decode_triton.py); set by the
+        # engine from EngineSettings.decode_attention.
+        self.decode_attention_triton = False
 
     @classmethod
     def from_pretrained(cls, model_dir: Path, device: torch.device, dtype: torch.dtype) -> LlamaModel:
@@ -139,6 +143,13 @@ class LlamaModel:
         every shape is fixed by the step's bucket, and nothing here reads a tensor back to the host,
         so on CUDA the whole call can be captured as a graph and replayed."""
         c = self.config
+        if self.decode_attention_triton and batch.shape.query == 1:
+            h = self._layers(
+                batch,
+                batch.shape.rows,
+                lambda i, q, k, v: _triton_decode(q, k, v, k_pools[i], v_pools[i], batch, block_size),
+            )
+            return self._logits(h, batch.logits_rows, batch.shape.batch)
         mask = causal_mask(batch, c.num_attention_heads // c.num_key_value_heads, block_size)
         with sdpa_kernel(_SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext():
             h = self._layers(
@@ -197,3 +208,18 @@ class LlamaModel:
             out_rows = F.pad(out_rows, (0, padded - count))
         logits = self.pieces.logits(h.index_select(0, out_rows), self.norm, self.lm_head)
         return logits[:count] if padded != count else logits
+
+
+def _triton_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    batch: UniformBatch,
+    block_size: int,
+) -> torch.Tensor:
+    """A decode step's attention (one row per sequence): write its K/V, then read the pool in place."""
+    k_pool.index_copy_(0, batch.slot_mapping, k)
+    v_pool.index_copy_(0, batch.slot_mapping, v)
+    return paged_decode_attention(q, k_pool, v_pool, batch.block_tables, batch.positions, block_size)

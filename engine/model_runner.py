@@ -11,7 +11,12 @@ Two paths, chosen per step by ``step_shapes.uniform_shape``:
   ``paged_attention.py``, eager or compiled, as prefill work is compute-bound.
 
 Either way sampling runs on the model's device and the sampled ids come back in one
-device-to-host copy (:meth:`ModelRunner.tokens_to_host`), the step's one host sync.
+device-to-host copy, the step's one host sync. :meth:`ModelRunner.launch` only enqueues the step
+(forward, sampling, the copy into a pinned buffer) and :meth:`ModelRunner.collect` waits for its
+ids, so the engine can launch step N+1 before it collects step N (overlapped scheduling,
+``engine_core.py``). Then a sequence's token from step N is a placeholder ``-(row + 1)`` in step
+N+1's inputs, replaced on the device by row ``row`` of step N's sampled ids (a fixed device buffer,
+which a CUDA graph reads too).
 
 It knows nothing of text, stop conditions or metrics, and never touches the block pool: it reads
 each sequence's block table, which the KV-cache manager wrote.
@@ -19,9 +24,17 @@ each sequence's block table, which the KV-cache manager wrote.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from kvfleet.engine.block_table_attention import UniformBatch, UniformChunk, flat_len, pack_uniform
+from kvfleet.engine.block_table_attention import (
+    UniformBatch,
+    UniformChunk,
+    flat_len,
+    pack_uniform,
+    resolve_placeholders,
+)
 from kvfleet.engine.cuda_graphs import MAX_GRAPHS, UniformStepGraphs
 from kvfleet.engine.model import LlamaModel
 from kvfleet.engine.paged_attention import AttentionGroup, ForwardBatch, decode_group, prefill_group, slot_table
@@ -36,6 +49,15 @@ def kv_bytes_per_token(model: LlamaModel) -> int:
     return model.config.kv_bytes_per_token // 4 * torch.tensor([], dtype=model.dtype).element_size()
 
 
+@dataclass
+class LaunchedStep:
+    """A step enqueued on the device: its sampled ids arrive in ``host`` once ``copied`` is reached."""
+
+    seqs: list[Sequence]  # the sampled sequences, in the order of their ids
+    host: torch.Tensor  # pinned host buffer the ids are copied into (on CPU: the ids)
+    copied: torch.cuda.Event | None  # None on CPU: the ids are there already
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -47,6 +69,7 @@ class ModelRunner:
         max_num_seqs: int = 64,
         max_model_len_tokens: int = 0,
         cuda_graphs: bool = True,
+        overlap: bool = False,
     ) -> None:
         self.model = model
         self.block_size_tokens = block_size_tokens
@@ -60,17 +83,23 @@ class ModelRunner:
         device = model.device
         on_cuda = device.type == "cuda"
         # The largest packed input of any uniform bucket, preallocated once (pinned on CUDA, so the
-        # step's host-to-device copy does not block the host).
+        # step's host-to-device copy does not block the host). Two of each host buffer, used in
+        # turn: with overlapped steps, step N+1 fills one while step N's copy may still read the other.
         widest = StepShape(min(MAX_UNIFORM_ROWS, max_num_seqs), 1, self.max_table_blocks)
         longest = StepShape(min(MAX_UNIFORM_ROWS // 16, max_num_seqs), 16, self.max_table_blocks)
         size = max(flat_len(widest), flat_len(longest))
-        self._host_inputs = torch.empty(size, dtype=torch.long, pin_memory=on_cuda)
-        self._host_inputs_np = self._host_inputs.numpy()
-        self._host_tokens = torch.empty(max_num_seqs + 1, dtype=torch.long, pin_memory=on_cuda)
-        self._inputs_copied = torch.cuda.Event() if on_cuda else None
-        self._tokens_copied = torch.cuda.Event() if on_cuda else None
+        self._host_inputs = [torch.empty(size, dtype=torch.long, pin_memory=on_cuda) for _ in range(2)]
+        self._host_inputs_np = [t.numpy() for t in self._host_inputs]
+        self._host_tokens = [torch.empty(max_num_seqs + 1, dtype=torch.long, pin_memory=on_cuda) for _ in range(2)]
+        self._inputs_copied = [torch.cuda.Event() for _ in range(2)] if on_cuda else None
+        self._tokens_copied = [torch.cuda.Event() for _ in range(2)] if on_cuda else None
+        self._input_turn = 0
+        self._tokens_turn = 0
+        # Overlapped scheduling: the last step's sampled ids stay on the device for the next step's
+        # placeholder tokens (fixed address: captured graphs read it).
+        self._sampled = torch.zeros(max_num_seqs + 1, dtype=torch.long, device=device) if overlap else None
         self.graphs = (
-            UniformStepGraphs(model, self.k_pools, self.v_pools, block_size_tokens, MAX_GRAPHS)
+            UniformStepGraphs(model, self.k_pools, self.v_pools, block_size_tokens, MAX_GRAPHS, self._sampled)
             if on_cuda and cuda_graphs
             else None
         )
@@ -96,6 +125,12 @@ class ModelRunner:
 
     def execute(self, chunks: list[ScheduledChunk]) -> list[tuple[Sequence, int]]:
         """One forward over the chunks; each sequence whose chunk ends its known tokens with its next token."""
+        launched = self.launch(chunks)
+        return [] if launched is None else self.collect(launched)
+
+    def launch(self, chunks: list[ScheduledChunk]) -> LaunchedStep | None:
+        """Enqueue the step's forward, its sampling and the copy of its sampled ids to the host,
+        without waiting for the device (but for a first capture); None when nothing samples."""
         shape = self.uniform_shape(chunks)
         if shape is not None:
             # Sampled chunks first, so their logits are the leading rows.
@@ -108,22 +143,29 @@ class ModelRunner:
             logits = self.forward(batch)
             self.varlen_steps += 1
         if not sampled:
-            return []
+            return None
         seqs = [c.seq for c in sampled]
         generators = [self._generators.get(s.request_id) for s in seqs]
-        tokens = self.tokens_to_host(sample_tokens(logits, [s.params for s in seqs], generators))
-        return list(zip(seqs, tokens, strict=True))
-
-    def tokens_to_host(self, tokens: torch.Tensor) -> list[int]:
-        """The step's one device-to-host copy (and its one wait for the device): the sampled ids."""
+        tokens = sample_tokens(logits, [s.params for s in seqs], generators)
         self.host_copies += 1
+        if self._sampled is not None:
+            self._sampled[: tokens.shape[0]].copy_(tokens)
         if self._tokens_copied is None:
-            return [int(t) for t in tokens.tolist()]
-        host = self._host_tokens[: tokens.shape[0]]
+            return LaunchedStep(seqs, tokens, None)
+        turn = self._tokens_turn
+        self._tokens_turn ^= 1
+        host = self._host_tokens[turn][: tokens.shape[0]]
         host.copy_(tokens, non_blocking=True)
-        self._tokens_copied.record()
-        self._tokens_copied.synchronize()
-        return [int(t) for t in host.tolist()]
+        copied = self._tokens_copied[turn]
+        copied.record()
+        return LaunchedStep(seqs, host, copied)
+
+    @staticmethod
+    def collect(launched: LaunchedStep) -> list[tuple[Sequence, int]]:
+        """The step's sampled ids, waiting for their copy (the step's one wait for the device)."""
+        if launched.copied is not None:
+            launched.copied.synchronize()
+        return list(zip(launched.seqs, launched.host.tolist(), strict=True))
 
     def uniform_shape(self, chunks: list[ScheduledChunk]) -> StepShape | None:
         bs = self.block_size_tokens
@@ -136,8 +178,10 @@ class ModelRunner:
 
     def forward_uniform(self, shape: StepShape, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Logits of each chunk's last row (``[shape.batch, vocab]``, chunks' order, padding after)."""
+        turn = self._input_turn
+        self._input_turn ^= 1
         if self._inputs_copied is not None:
-            self._inputs_copied.synchronize()  # the last step's copy has left the pinned buffer
+            self._inputs_copied[turn].synchronize()  # the copy of two steps ago has left this buffer
         pack_uniform(
             shape,
             [
@@ -146,17 +190,17 @@ class ModelRunner:
             ],
             self.block_size_tokens,
             self.scratch_block,
-            self._host_inputs_np,
+            self._host_inputs_np[turn],
         )
-        host = self._host_inputs[: flat_len(shape)]
+        host = self._host_inputs[turn][: flat_len(shape)]
         if self.graphs is not None:
             logits = self.graphs.run(shape, host)
         else:
             inputs = host.to(self.model.device, non_blocking=True)
-            batch = UniformBatch.from_flat(shape, inputs)
+            batch = UniformBatch.from_flat(shape, inputs, self._sampled)
             logits = self.model.forward_uniform(batch, self.k_pools, self.v_pools, self.block_size_tokens)
         if self._inputs_copied is not None:
-            self._inputs_copied.record()
+            self._inputs_copied[turn].record()
         return logits
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -190,8 +234,9 @@ class ModelRunner:
         if decodes:
             ctx = [c.start + 1 for c in decodes]
             groups.insert(0, decode_group(slice(0, len(decodes)), slots[: len(decodes)], ctx, device))
+        ids = torch.tensor(token_ids, dtype=torch.long).to(device)
         batch = ForwardBatch(
-            token_ids=torch.tensor(token_ids, dtype=torch.long).to(device),
+            token_ids=ids if self._sampled is None else resolve_placeholders(ids, self._sampled),
             positions=torch.tensor(positions, dtype=torch.long).to(device),
             slot_mapping=torch.cat(slot_rows).to(device),
             groups=tuple(groups),

@@ -84,6 +84,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.num_pending_tokens and seq.num_tokens - seq.num_prompt_tokens >= seq.params.max_tokens:
+                # Its token in flight is its last (max_tokens; admission keeps that within the
+                # context): a step after it would only be discarded.
+                i += 1
+                continue
             start = seq.num_computed_tokens
             n = min(seq.num_tokens - start, budget)
             while not self.kv_cache.allocate_slots(seq, n):
@@ -103,6 +108,8 @@ class Scheduler:
         bs = self.kv_cache.block_size_tokens
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending_tokens:
+                break  # preempted with a token in flight: its prefix is hashed once the id is known
             hits = self.kv_cache.get_computed_blocks(seq)
             start = len(hits) * bs
             n = min(seq.num_tokens - start, budget)
@@ -133,6 +140,10 @@ class Scheduler:
         for chunk in chunks:
             chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens
             self.kv_cache.cache_computed_blocks(chunk.seq)
+
+    def token_known(self, seq: Sequence) -> None:
+        """A sequence's token in flight reached the host: blocks it completes become findable."""
+        self.kv_cache.cache_computed_blocks(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Remove a sequence (finished or aborted) and release its blocks."""

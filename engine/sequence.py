@@ -21,6 +21,10 @@ class Sequence:
     params: SamplingParams
     arrival_time_s: float
     token_ids: list[int] = field(default_factory=list)  # prompt then generated
+    # Trailing entries of token_ids sampled on the device by a step still in flight (overlapped
+    # scheduling, engine_core.py): placeholders ``-(row + 1)`` naming the row of that step's sampled
+    # ids, until the step's ids reach the host. 0 or 1.
+    num_pending_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the pool
     block_table: list[int] = field(default_factory=list)
@@ -42,13 +46,19 @@ class Sequence:
         return len(self.token_ids)
 
     @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids the host has (all but the pending placeholders)."""
+        return len(self.token_ids) - self.num_pending_tokens
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids) :]
+        return self.token_ids[len(self.prompt_token_ids) : self.num_known_tokens]
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.prompt_token_ids)
+        """Generated tokens the host has (pending placeholders not counted)."""
+        return self.num_known_tokens - len(self.prompt_token_ids)

@@ -13,6 +13,8 @@ DeviceChoice = Literal["auto", "cpu", "cuda"]
 DtypeChoice = Literal["auto", "float32", "bfloat16", "float16"]
 CompileChoice = Literal["auto", "on", "off"]
 CompileMode = Literal["dynamic", "static"]
+AsyncSchedulingChoice = Literal["auto", "on", "off"]
+DecodeAttentionChoice = Literal["auto", "triton", "gather"]
 
 # Decode batch sizes compiled as static buckets (powers of two, as vLLM's CUDA-graph sizes).
 DEFAULT_COMPILE_SIZES = (1, 2, 4, 8, 16)
@@ -68,6 +70,15 @@ class EngineSettings:
     # On CUDA, capture each uniform step's bucket (decodes, short chunks) as a CUDA graph and replay
     # it (cuda_graphs.py), as vLLM does; off runs the same fixed shapes launched from Python.
     cuda_graphs: bool = True
+    # Overlapped scheduling (engine_core.py, vLLM's async scheduling): step N+1 is scheduled and
+    # launched before step N's sampled ids are read back, so the host's work hides behind the
+    # device's. auto: on for CUDA; off on CPU, where the "device" is the host and nothing overlaps.
+    async_scheduling: AsyncSchedulingChoice = "auto"
+    # Uniform decode steps' attention (one query row per sequence): "triton" reads the KV pool in
+    # place through the block tables (paged_decode_triton.py), "gather" copies each sequence's
+    # blocks out and calls SDPA (block_table_attention.py; prefill and mixed steps always do).
+    # auto: triton on CUDA where it imports, gather elsewhere (docs/engine.md, measured).
+    decode_attention: DecodeAttentionChoice = "auto"
     # vLLM's --kv-events-config: publish the prefix cache's stored/evicted blocks (kv_events.py).
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
@@ -92,6 +103,10 @@ class EngineSettings:
         _require(0 <= self.torch_threads <= 1024, "torch_threads", "must be in [0, 1024]")
         _require(self.compile in ("auto", "on", "off"), "compile", "must be auto, on or off")
         _require(self.compile_mode in ("dynamic", "static"), "compile_mode", "must be dynamic or static")
+        _require(self.async_scheduling in ("auto", "on", "off"), "async_scheduling", "must be auto, on or off")
+        _require(
+            self.decode_attention in ("auto", "triton", "gather"), "decode_attention", "must be auto, triton or gather"
+        )
         sizes = self.compile_sizes_tokens
         _require(
             1 <= len(sizes) <= MAX_COMPILE_SIZES and len(set(sizes)) == len(sizes),
@@ -108,6 +123,20 @@ class EngineSettings:
         """Whether to compile, with ``auto`` resolved for this device."""
         if self.compile != "auto":
             return self.compile == "on"
+        return device_type == "cuda"
+
+    def decode_attention_triton(self, device_type: str, triton_available: bool) -> bool:
+        """Whether uniform decode steps use the Triton kernel, with ``auto`` resolved."""
+        if self.decode_attention == "auto":
+            return device_type == "cuda" and triton_available
+        if self.decode_attention == "triton" and not triton_available:
+            raise ValueError("decode_attention: triton is not importable in this install")
+        return self.decode_attention == "triton"
+
+    def async_scheduling_enabled(self, device_type: str) -> bool:
+        """Whether steps overlap, with ``auto`` resolved for this device."""
+        if self.async_scheduling != "auto":
+            return self.async_scheduling == "on"
         return device_type == "cuda"
 
 
