@@ -299,8 +299,9 @@ def components(kc: dict[str, Path], folder: Path, autoscaler_port: int) -> dict[
         return Component(f"router-{i}", argv, kc["router"], folder)
 
     autoscaler = [kvfleet, "autoscaler", "run", "--prometheus-url", "http://127.0.0.1:9", "--listen-host"]
-    autoscaler += ["127.0.0.1", "--listen-port", str(autoscaler_port), "--leader-election", "--identity", "bench"]
-    autoscaler += ["--lease-namespace", RELEASE_NS, "--kubeconfig", str(kc["autoscaler"])]
+    # One autoscaler, as the chart runs it by default: no leader election (no Lease, no renewals).
+    autoscaler += ["127.0.0.1", "--listen-port", str(autoscaler_port), "--no-leader-election"]
+    autoscaler += ["--kubeconfig", str(kc["autoscaler"])]
     return {
         "operator": Component(
             "operator",
