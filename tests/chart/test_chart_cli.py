@@ -114,7 +114,8 @@ def test_autoscaler_elects_a_leader_in_its_own_namespace() -> None:
     assert isinstance(settings, AutoscalerSettings)
     assert settings.lease is not None and settings.lease.identity == "pod-1" and settings.lease.namespace == NAMESPACE
     # The chart's Lease timing (values.yaml: 12 renewals a minute, failover within 30 s).
-    assert (settings.lease.lease_duration_s, settings.lease.renew_deadline_s, settings.lease.retry_period_s) == (30, 20, 5)
+    lease = settings.lease
+    assert (lease.lease_duration_s, lease.renew_deadline_s, lease.retry_period_s) == (30, 20, 5)
     assert settings.namespace is None and settings.loop.tick_interval_s == 0.5 and params["verbose"]
 
 
