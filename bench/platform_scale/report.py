@@ -189,29 +189,27 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = [results[k] for k in sorted(results, key=int)]
-    xs = [r["deployments"] for r in runs]
+
+    def line(axes: Any, ys: list[Any], style: str, label: str) -> bool:
+        """Plot the scales that have this figure (a run cut off part-way lacks some)."""
+        points = [(r["deployments"], y) for r, y in zip(runs, ys, strict=True) if y is not None]
+        if points:
+            axes.plot([x for x, _ in points], [y for _, y in points], style, label=label)
+        return bool(points)
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.plot(xs, [(r.get("apply") or {}).get("p99_s") for r in runs], "o-", label="kvfleet apply-to-Ready p99")
-    a.plot(
-        xs,
-        [((r.get("floor") or {}).get("create_to_ready") or {}).get("p99_s") for r in runs],
-        "s--",
-        label="floor: plain Deployments p99",
-    )
-    a.set_xscale("log")
-    a.set_xlabel("InferenceDeployments")
-    a.set_ylabel("seconds")
-    a.legend()
-    b.plot(
-        xs,
-        [(r.get("steady") or {}).get("beyond_watches_per_minute") for r in runs],
-        "o-",
-        label="API requests/min beyond watches",
-    )
+    drawn = line(a, [(r.get("apply") or {}).get("p99_s") for r in runs], "o-", "kvfleet apply-to-Ready p99")
+    floor_p99 = [((r.get("floor") or {}).get("create_to_ready") or {}).get("p99_s") for r in runs]
+    drawn |= line(a, floor_p99, "s--", "floor: plain Deployments p99")
+    steady = [(r.get("steady") or {}).get("beyond_watches_per_minute") for r in runs]
+    drawn_b = line(b, steady, "o-", "API requests/min beyond watches")
     b.axhline(100, color="grey", linestyle=":", label="goal at 1,000")
-    b.set_xscale("log")
-    b.set_xlabel("InferenceDeployments")
-    b.legend()
+    for axes, has in ((a, drawn), (b, drawn_b)):
+        if has:
+            axes.set_xscale("log")
+        axes.set_xlabel("InferenceDeployments")
+        axes.legend()
+    a.set_ylabel("seconds")
     fig.suptitle("kvfleet at scale (2 shared cores; kwok nodes)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)

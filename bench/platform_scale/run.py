@@ -158,11 +158,15 @@ def main(doc: str) -> None:
         plot(results, OUT / "scale.png")
         return
 
-    def write(n: int, result: dict[str, Any]) -> None:
+    def write(n: int, result: dict[str, Any], draw: bool = True) -> None:
         results[str(n)] = result
         path.write_text(json.dumps(results, indent=2) + "\n")
-        (OUT / "scale.md").write_text(render(results))
-        plot(results, OUT / "scale.png")
+        try:  # the figures are saved above: a report that cannot be drawn must not end the run
+            (OUT / "scale.md").write_text(render(results))
+            if draw:
+                plot(results, OUT / "scale.png")
+        except Exception as e:
+            print(f"  report not written ({e!r}); the figures are in {path}", flush=True)
 
     for n in args.deployments:
         t0 = time.monotonic()
@@ -172,7 +176,7 @@ def main(doc: str) -> None:
             continue
         bin_dir = args.bin_dir or ensure_binaries()
         result = measure(
-            n, args.window_s, args.phase_timeout_s, bin_dir, lambda r, n=n: write(n, {**r, "partial": True})
+            n, args.window_s, args.phase_timeout_s, bin_dir, lambda r, n=n: write(n, {**r, "partial": True}, draw=False)
         )
         result["wall_s"] = round(time.monotonic() - t0, 1)
         write(n, result)
