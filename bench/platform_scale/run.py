@@ -150,21 +150,25 @@ def main(doc: str) -> None:
         "--in-process-only", action="store_true", help="only the autoscaler's tick and the router's pick (no cluster)"
     )
     parser.add_argument("--render-only", action="store_true", help="only write scale.md and scale.png from scale.json")
+    parser.add_argument(
+        "--results", type=Path, default=OUT / "scale.json", help="the JSON to merge into (scale.md and .png beside it)"
+    )
     args = parser.parse_args()
-    path = OUT / "scale.json"
+    path: Path = args.results
+    out = path.parent
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     if args.render_only:
-        (OUT / "scale.md").write_text(render(results))
-        plot(results, OUT / "scale.png")
+        (out / "scale.md").write_text(render(results))
+        plot(results, out / "scale.png")
         return
 
     def write(n: int, result: dict[str, Any], draw: bool = True) -> None:
         results[str(n)] = result
         path.write_text(json.dumps(results, indent=2) + "\n")
         try:  # the figures are saved above: a report that cannot be drawn must not end the run
-            (OUT / "scale.md").write_text(render(results))
+            (out / "scale.md").write_text(render(results))
             if draw:
-                plot(results, OUT / "scale.png")
+                plot(results, out / "scale.png")
         except Exception as e:
             print(f"  report not written ({e!r}); the figures are in {path}", flush=True)
 
