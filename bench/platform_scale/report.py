@@ -114,6 +114,11 @@ def render(results: dict[str, Any]) -> str:
         "- Status follows the engine Deployment's rollout from its watch (`operator/rollout_nudge.py`):",
         "  a change of what status is computed from reconciles the InferenceDeployment 0.5 s later (8",
         "  workers, coalesced), where before only the rollout check's 5 s timer read it.",
+        "- The bench's own cluster: kwok now renews a Lease per node. Without them every kwok node, 5",
+        "  minutes after it was made (the controller-manager's grace), turned NotReady, its pods' Ready",
+        "  condition went False and kwok never set it back: a rollout begun after that stalled (seen in a",
+        "  first 10-deployment run here: every engine Deployment stuck at 0-1/3 ready). It is the likely",
+        "  cause of the 10 of 100 deployments not rolled within 300 s in the run before this one.",
     ]
     lines += [
         "",
