@@ -24,6 +24,8 @@ from .claims import Claim
 from .reconcile import Outcome, Reconciler
 from .settings import FINALIZER, KOPF_PREFIX, OperatorSettings
 
+log = logging.getLogger(__name__)
+
 TIMER_EXIT_POLL_S = 1.0  # how often a deletion checks that a running timer has exited
 
 
@@ -124,9 +126,6 @@ class OutsideKopf:
         )
         outcome = await task
         _check(outcome, log)
-
-
-log = logging.getLogger(__name__)
 
 
 def build_registry(
