@@ -31,16 +31,20 @@ def render(results: dict[str, Any]) -> str:
         f, a, c = r.get("floor", {}), r.get("apply", {}), r.get("change_all", {})
         fc = f.get("create_to_ready") or {}
         gap = (a.get("p99_s") or 0) - (fc.get("p99_s") or 0)
-        ratio = (c.get("total_s") or 0) / f["change_all_s"] if f.get("change_all_s") else None
+        ratio = (c.get("total_s") or 0) / f["change_all_s"] if f.get("change_all_s") and c.get("total_s") else None
         ratio_text = f" ({ratio:.1f}x)" if ratio is not None else ""
         if c.get("not_rolled"):
             ratio_text += f", {c['not_rolled']} not rolled within the bound"
+        bound = r.get("phase_timeout_s")
+        floor_change = None
+        if f.get("change_timed_out"):
+            floor_change = f"not done within {bound:.0f} s" if bound else "not done within the phase bound"
         load = (r.get("loadavg") or {}).get("after_apply", ["?"])[0]
         lines.append(
             f"| {r['deployments']}{' (partial)' if r.get('partial') else ''} | {r['pods']} | "
             f"{fc.get('p50_s')} / {fc.get('p99_s')} / {f.get('total_s')} | "
             f"{a.get('p50_s')} / {a.get('p99_s')} / {a.get('total_s')} | {gap:.1f} | "
-            f"{f.get('change_all_s')} / {c.get('total_s')}{ratio_text} | {load} |"
+            f"{floor_change or f.get('change_all_s')} / {c.get('total_s')}{ratio_text} | {load} |"
         )
     lines += [
         "",

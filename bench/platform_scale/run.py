@@ -55,6 +55,7 @@ async def timed(what: str, coro: Awaitable[Any], timeout_s: float) -> Any:
 
 async def scale_run(cluster: Cluster, n: int, window_s: float, phase_timeout_s: float, save: Save) -> dict[str, Any]:
     result: dict[str, Any] = {"deployments": n, "pods": n * REPLICAS, "started": now_iso(), "loadavg": {}}
+    result.update(window_s=window_s, phase_timeout_s=phase_timeout_s)
     admin = KubeClient.from_kubeconfig(str(cluster.plane.kubeconfig), timeout_s=120)
     s = ScaleRun(cluster, admin, n, window_s, phase_timeout_s)
 
