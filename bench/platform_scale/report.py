@@ -28,6 +28,8 @@ def render(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
+        if not r.get("floor"):
+            continue  # measured in process only (the tables below)
         f, a, c = r.get("floor", {}), r.get("apply", {}), r.get("change_all", {})
         fc = f.get("create_to_ready") or {}
         gap = (a.get("p99_s") or 0) - (fc.get("p99_s") or 0)
