@@ -42,7 +42,7 @@ def render(results: dict[str, Any]) -> str:
         if f.get("change_timed_out"):
             floor_change = f"not done within {bound:.0f} s" if bound else "not done within the phase bound"
         loads = r.get("loadavg") or {}
-        load = (loads.get("after_apply") or loads.get("after_floor") or ["?"])[0]
+        load = (loads.get("after_apply") or loads.get("after_floor") or loads.get("start") or ["?"])[0]
         lines.append(
             f"| {r['deployments']}{' (partial)' if r.get('partial') else ''} | {r['pods']} | "
             f"{fc.get('p50_s')} / {fc.get('p99_s')} / {f.get('total_s')} | "
@@ -155,6 +155,9 @@ def render(results: dict[str, Any]) -> str:
         "- 410: a watch of every InferenceDeployment (kvfleet.kube.watch) resumed from a compacted",
         "  resourceVersion; the time includes its jittered back-off before the relist.",
     ]
+    for r in runs:
+        if r.get("note"):
+            lines += ["", f"{r['deployments']} deployments: {r['note']}"]
     for r in runs:
         o = r.get("oversized") or {}
         if o:
