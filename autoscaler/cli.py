@@ -56,6 +56,9 @@ def autoscaler() -> None:
 @click.option("--leader-election/--no-leader-election", default=True, show_default=True)
 @click.option("--identity", envvar="POD_NAME", default="", help="Lease identity ($POD_NAME).")
 @click.option("--lease-namespace", envvar="POD_NAMESPACE", default="default", show_default=True)
+@click.option("--lease-duration-s", type=float, help="A standby takes the Lease this long after the last renewal (15).")
+@click.option("--renew-deadline-s", type=float, help="The leader stops acting after this long without renewing (10).")
+@click.option("--retry-period-s", type=float, help="Time between renewals (2; client-go's defaults).")
 @click.option(
     "-f",
     "--filename",

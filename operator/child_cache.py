@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from kvfleet.contracts import APP_NAME_LABEL, ENGINE_APP
 from kvfleet.kube import KubeClient, Ref
-from kvfleet.kube.watch import ObjectKey, ResourceWatch, WatchSettings, resource_version
+from kvfleet.kube.watch import ObjectKey, OnChange, ResourceWatch, WatchSettings, resource_version
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,12 @@ class ChildCache:
         *,
         namespaces: tuple[str, ...] = (),
         settings: WatchSettings | None = None,
+        listeners: Mapping[Ref, OnChange] | None = None,
     ) -> None:
+        """``listeners``: also told of every change of that kind (the rollout nudges, for Deployments)."""
         self._client = client
         self._namespaces = namespaces
+        self._listeners = dict(listeners or {})
         self.watches: dict[Ref, dict[str | None, ResourceWatch]] = {
             ref: {
                 ns: ResourceWatch(
@@ -108,12 +111,16 @@ class ChildCache:
         self._tasks: list[asyncio.Task[None]] = []
 
     def _on_change(self, ref: Ref) -> Callable[[ObjectKey, Mapping[str, Any] | None], None]:
+        listener = self._listeners.get(ref)
+
         def changed(key: ObjectKey, obj: Mapping[str, Any] | None) -> None:
             """The watch caught up with a write of ours (this version or newer), or saw the object
             go (deleted after our write: by hand, or with its namespace): the store is the truth."""
             written = self._written.get((ref.plural, *key))
             if written is not None and (obj is None or _version(obj) >= _version(written)):
                 del self._written[(ref.plural, *key)]
+            if listener is not None:
+                listener(key, obj)
 
         return changed
 

@@ -45,6 +45,13 @@ def operator() -> None:
     show_default=True,
     help="Read children and engine pods from watches (no request per resync) or by GET per reconcile.",
 )
+@click.option(
+    "--watch-rollouts/--no-watch-rollouts",
+    default=True,
+    show_default=True,
+    help="Reconcile a deployment when its engine Deployment's status changes (needs --cache-children), "
+    "not only at the rollout check's pace.",
+)
 @click.option("--peering", "peering_name", help=f"kopf peering name for HA (e.g. {PEERING_NAME}); omit to run alone.")
 @click.option("--priority", type=int, help="Peering priority; default random, so replicas never tie.")
 @click.option(
@@ -71,6 +78,7 @@ def run(
     resync_interval_s: float | None,
     rollout_check_interval_s: float | None,
     cache_children: bool,
+    watch_rollouts: bool,
     peering_name: str | None,
     priority: int | None,
     peering_lifetime_s: int | None,
@@ -88,6 +96,7 @@ def run(
         "namespaces": namespaces,
         "health_port": health_port,
         "cache_children": cache_children,
+        "watch_rollouts": watch_rollouts,
     }
     if router_endpoint:
         values["router_endpoint"] = router_endpoint

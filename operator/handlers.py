@@ -9,6 +9,8 @@ with a delay, a bounded number of times); everything the reconciler can decide o
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 from typing import Any
 
@@ -21,6 +23,8 @@ from . import claims
 from .claims import Claim
 from .reconcile import Outcome, Reconciler
 from .settings import FINALIZER, KOPF_PREFIX, OperatorSettings
+
+log = logging.getLogger(__name__)
 
 TIMER_EXIT_POLL_S = 1.0  # how often a deletion checks that a running timer has exited
 
@@ -83,10 +87,60 @@ def _check(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[Any]
         logger.info("applied %s", ", ".join(outcome.applied))
 
 
-def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.OperatorRegistry:
-    """A kopf registry with the operator's handlers; nothing is registered globally."""
+class OutsideKopf:
+    """Reconciles an InferenceDeployment from outside kopf's handlers (the rollout nudges).
+
+    What such a reconcile needs of kopf is taken from the first handler that runs: the watched
+    bodies and the served-name claims (kopf's indexes, live views), and the handler's context,
+    where ``kopf.event`` finds the operator's event queue (a task kopf did not start has none).
+    Until a handler has run (the resume handlers at start-up), a nudge waits.
+    """
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self.reconciler = reconciler
+        self._context: contextvars.Context | None = None
+        self._bodies: kopf.Index[tuple[str, str], dict[str, Any]] | None = None
+        self._claims: kopf.Index[str, Claim] | None = None
+        self._bound = asyncio.Event()
+
+    def bind(self, bodies: kopf.Index[tuple[str, str], dict[str, Any]], claims_index: kopf.Index[str, Claim]) -> None:
+        if self._context is None:
+            self._context = contextvars.copy_context()
+            self._bodies, self._claims = bodies, claims_index
+            self._bound.set()
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        await self._bound.wait()
+        assert self._context is not None and self._bodies is not None and self._claims is not None
+        store = self._bodies.get((namespace, name))
+        body = next(iter(store), None) if store is not None else None
+        if body is None:
+            return  # deleted meanwhile: kopf's delete handler has it
+        index = self._claims
+
+        def claimants(served: str) -> list[Claim]:
+            return list(index.get(served, ()))
+
+        task = asyncio.create_task(
+            self.reconciler.reconcile(namespace, name, claimants, dict(body)), context=self._context.copy()
+        )
+        outcome = await task
+        _check(outcome, log)
+
+
+def build_registry(
+    reconciler: Reconciler, ours: OperatorSettings, outside: OutsideKopf | None = None
+) -> kopf.OperatorRegistry:
+    """A kopf registry with the operator's handlers; nothing is registered globally. ``outside``
+    is bound to kopf's indexes and context by the first handler run (the rollout nudges use it)."""
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
+
+    # Every deployment's body as kopf's watch last delivered it, for reconciles started outside
+    # kopf's handlers (a rollout nudge): they plan from it as a handler does.
+    @kopf.index(*resource, registry=registry, id="bodies")
+    def bodies(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+        return {(str(namespace), name): dict(body)}
 
     # Every deployment's claim on its served name, kept by kopf from the watch it runs anyway (no
     # LIST per reconcile); a handler reads the claimants of one name from it.
@@ -96,9 +150,16 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
         return {found[0]: found[1]} if found is not None else None
 
     async def run(
-        namespace: str | None, name: str, logger: Any, index: kopf.Index[str, Claim], body: kopf.Body
+        namespace: str | None,
+        name: str,
+        logger: Any,
+        index: kopf.Index[str, Claim],
+        body: kopf.Body,
+        bodies_index: kopf.Index[tuple[str, str], dict[str, Any]],
     ) -> None:
         assert namespace is not None  # InferenceDeployments are namespaced
+        if outside is not None:
+            outside.bind(bodies_index, index)
 
         def claimants(served: str) -> list[Claim]:
             return list(index.get(served, ()))
@@ -114,12 +175,12 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
     @kopf.on.create(*resource, registry=registry, retries=ours.max_retries)
     @kopf.on.update(*resource, registry=registry, retries=ours.max_retries)
     async def reconcile_change(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"])  # the index above, by its name
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"])  # indexes by name
 
     # Drift: a child deleted or edited by hand, readiness that changed, a launcher that reported.
     @kopf.timer(*resource, registry=registry, interval=ours.resync_interval_s, initial_delay=ours.resync_interval_s)
     async def resync(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"])  # the index above, by its name
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"])  # indexes by name
 
     # While it is not settled (not Ready, progressing or degraded), look every few seconds: pod
     # failures change no object the operator watches, so only a check reads them in time.
@@ -131,12 +192,12 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings) -> kopf.Opera
         when=lambda body, **_: unsettled(dict(body)),
     )
     async def rollout_check(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"])  # the index above, by its name
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"])  # indexes by name
 
     # The autoscaler writes status.desiredReplicas; status is not in kopf's diff, so watch events.
     @kopf.on.event(*resource, registry=registry, when=lambda body, **_: reconciler.replicas_stale(dict(body)))
     async def rescale(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"])  # the index above, by its name
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"])  # indexes by name
 
     @kopf.on.delete(*resource, registry=registry, retries=ours.max_retries)
     async def cleanup(*, body: kopf.Body, namespace: str | None, name: str, logger: Any, **_: Any) -> None:

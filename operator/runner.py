@@ -18,10 +18,11 @@ from kvfleet.kube.kopf_login import login_handler
 
 from .child_cache import ChildCache
 from .coldstart import ColdStartProbe
-from .handlers import build_registry, configure_kopf
+from .handlers import OutsideKopf, build_registry, configure_kopf
 from .pull_progress import PullProgressProbe
 from .reconcile import Reconciler
-from .render import CHILD_KINDS, SERVICE_MONITOR
+from .render import CHILD_KINDS, DEPLOYMENT, SERVICE_MONITOR
+from .rollout_nudge import NudgeSettings, RolloutNudges
 from .settings import OperatorSettings
 
 USER_AGENT = "kvfleet-operator"
@@ -76,21 +77,40 @@ async def run_operator(
         timeout_s=settings.progress_timeout_s,
         pods_per_tick=settings.progress_pods_per_tick,
     )
+    # Engine Deployment changes seen by the children's watch reconcile their owner (rollout_nudge.py).
+    nudges = (
+        RolloutNudges(
+            NudgeSettings(coalesce_s=settings.rollout_nudge_coalesce_s, workers=settings.rollout_nudge_workers)
+        )
+        if settings.cache_children and settings.watch_rollouts
+        else None
+    )
     cache = (
-        ChildCache(client, await cached_kinds(client), namespaces=settings.namespaces)
+        ChildCache(
+            client,
+            await cached_kinds(client),
+            namespaces=settings.namespaces,
+            listeners={Ref(DEPLOYMENT.api_version, DEPLOYMENT.plural): nudges.seen} if nudges is not None else None,
+        )
         if settings.cache_children
         else None
     )
     reconciler = Reconciler(
         client, settings, post_event=post_kopf_event, coldstart=coldstart, pull_progress=pull_progress, cache=cache
     )
-    registry = build_registry(reconciler, settings)
+    outside = OutsideKopf(reconciler) if nudges is not None else None
+    registry = build_registry(reconciler, settings, outside)
 
     kopf.on.login(registry=registry)(login_handler(load))
     kopf_settings = kopf.OperatorSettings()
     configure_kopf(kopf_settings, settings)
     if cache is not None:
         cache.start()  # reads fall back to the API server until each watch has listed
+    nudging = (
+        asyncio.create_task(nudges.run(outside.reconcile), name="rollout nudges")
+        if nudges is not None and outside is not None
+        else None
+    )
     try:
         await kopf.operator(
             registry=registry,
@@ -107,6 +127,9 @@ async def run_operator(
             ready_flag=ready_flag,
         )
     finally:
+        if nudging is not None:
+            nudging.cancel()
+            await asyncio.gather(nudging, return_exceptions=True)
         if cache is not None:
             await cache.stop()
         await client.close()

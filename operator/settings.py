@@ -108,6 +108,21 @@ class OperatorSettings(BaseModel):
         description="Read children and engine pods from watches (one list-then-watch per kind) instead of a GET "
         "per reconcile: a converged deployment's resync then costs no API request (operator/child_cache.py).",
     )
+    watch_rollouts: bool = Field(
+        default=True,
+        description="Reconcile a deployment as soon as its engine Deployment's status changes (the children's "
+        "watch sees it; needs cache_children), not only at the rollout check's pace (operator/rollout_nudge.py).",
+    )
+    rollout_nudge_coalesce_s: float = Field(
+        default=0.5,
+        ge=0,
+        le=60,
+        description="A deployment whose engine Deployment changed is reconciled this long after, so one rollout "
+        "step's several status writes cost one reconcile.",
+    )
+    rollout_nudge_workers: int = Field(
+        default=8, ge=1, le=256, description="Reconciles run at once on engine Deployment changes."
+    )
     api_timeout_s: float = Field(default=30.0, gt=0, le=600, description="Timeout of one API request.")
     retry_delay_s: float = Field(default=10.0, gt=0, le=600, description="Delay before kopf retries a failed apply.")
     max_retries: int = Field(default=20, ge=0, le=1000, description="kopf retries of one change before giving up.")

@@ -13,6 +13,8 @@ from .pki import Pki
 from .settings import ClusterSettings, ControlPlaneError
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+KWOK_NODE_LEASE_S = 40
+"""Each kwok node's Lease duration (a kubelet's default): kwok renews it every quarter of this."""
 AUDIT_POLICY: dict[str, object] = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -124,6 +126,11 @@ def component_argv(
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={NODE_SELECTOR_ANNOTATION}=fake",
             f"--cidr={settings.pod_cidr}",
+            # kwok renews each node's Lease (kube-node-lease) itself: its node-heartbeat-with-lease
+            # stage writes node status only every 10-20 min, so without the Leases every node (and
+            # every pod on it) turned NotReady at the controller-manager's grace, 5 min in, and the
+            # pods never turned Ready again (kwok's pod stage had run).
+            f"--node-lease-duration-seconds={KWOK_NODE_LEASE_S}",
             "--node-ip=127.0.0.1",
             f"--node-port={ports['kwok-node']}",
             f"--server-address=127.0.0.1:{ports['kwok']}",

@@ -3,7 +3,7 @@
 Benchmarks are run by hand, and most import the product inside ``main`` (so ``--help`` is fast),
 so neither ``--help`` nor importing the script would notice a module a refactor moved or a class it
 renamed: the benchmark would break the next time someone runs it for a figure. This walks every
-import statement of ``bench/*.py`` and resolves it against the installed product.
+import statement of ``bench/**/*.py`` and resolves it against the installed product.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _product_imports(path: Path) -> Iterator[tuple[int, str, str | None]]:
                     yield node.lineno, alias.name, None
 
 
-@pytest.mark.parametrize("script", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("script", sorted(BENCH.rglob("*.py")), ids=lambda p: str(p.relative_to(BENCH)))
 def test_every_product_import_of_a_benchmark_resolves(script: Path) -> None:
     missing = []
     for line, module_name, name in _product_imports(script):
@@ -51,5 +51,5 @@ def test_every_product_import_of_a_benchmark_resolves(script: Path) -> None:
 
 def test_the_walk_finds_imports_inside_functions() -> None:
     # The benchmarks' imports mostly sit inside main(): the walk must see them, or the test passes vacuously.
-    found = [m for script in BENCH.glob("*.py") for _, m, _ in _product_imports(script)]
+    found = [m for script in BENCH.rglob("*.py") for _, m, _ in _product_imports(script)]
     assert len(found) > 30 and "kvfleet.router.picking" in found, found

@@ -113,7 +113,18 @@ def test_autoscaler_elects_a_leader_in_its_own_namespace() -> None:
     settings = build_settings("autoscaler", params)
     assert isinstance(settings, AutoscalerSettings)
     assert settings.lease is not None and settings.lease.identity == "pod-1" and settings.lease.namespace == NAMESPACE
+    # The chart's Lease timing (values.yaml: 12 renewals a minute, failover within 30 s).
+    lease = settings.lease
+    assert (lease.lease_duration_s, lease.renew_deadline_s, lease.retry_period_s) == (30, 20, 5)
     assert settings.namespace is None and settings.loop.tick_interval_s == 0.5 and params["verbose"]
+
+
+def test_one_autoscaler_elects_no_leader() -> None:
+    spec = container(objects(render({})), "autoscaler")
+    _, params, _ = parse(kubelet_expand(spec["args"], {"POD_NAME": "pod-1", "POD_NAMESPACE": NAMESPACE}))
+    settings = build_settings("autoscaler", params)
+    assert isinstance(settings, AutoscalerSettings)
+    assert not settings.leader_election and settings.lease is None
 
 
 @pytest.mark.parametrize(("port", "url"), [(80, "http://kvf-kvfleet-router.ml.svc/v1"), (8000, None)])

@@ -96,7 +96,7 @@ def test_namespace_mode_grants_the_same_rules_in_the_namespace_only(component: s
 
 @pytest.mark.parametrize("values", [{}, {"scope": {"mode": "namespace", "namespaces": ["team-a"]}}], ids=str)
 def test_the_autoscaler_lease_is_granted_in_its_own_namespace_only(values: dict[str, Any]) -> None:
-    docs = objects(render(values, namespace="kvfleet-system"))
+    docs = objects(render({**values, "autoscaler": {"replicas": 2}}, namespace="kvfleet-system"))
     own = roles(docs, "Role")
     assert own[("kvfleet-system", f"{RELEASE}-kvfleet-autoscaler-self")] == EXPECTED_AUTOSCALER_SELF
     lease_grants = {g for rules in own.values() for g in grants(rules) if g[1] == "leases"}
@@ -108,6 +108,19 @@ def test_the_autoscaler_lease_is_granted_in_its_own_namespace_only(values: dict[
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": f"{RELEASE}-kvfleet-autoscaler", "namespace": "kvfleet-system"}
     ]
+
+
+@pytest.mark.parametrize("values", [{}, {"scope": {"mode": "namespace", "namespaces": ["team-a"]}}], ids=str)
+def test_one_autoscaler_is_granted_no_lease(values: dict[str, Any]) -> None:
+    # One replica elects no leader (its Recreate strategy keeps two from acting at once): no Lease
+    # rule anywhere, and the autoscaler runs with --no-leader-election.
+    docs = objects(render(values, namespace="kvfleet-system"))
+    everything = [*roles(docs, "Role").values(), *roles(docs, "ClusterRole").values()]
+    assert not {g for rules in everything for g in grants(rules) if g[1] == "leases"}
+    assert not [d for d in docs if d["metadata"]["name"] == f"{RELEASE}-kvfleet-autoscaler-self"]
+    (autoscaler,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-autoscaler")]
+    assert autoscaler["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--no-leader-election" in autoscaler["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_rbac_create_false_renders_no_roles() -> None:

@@ -30,6 +30,7 @@ import re
 import socket
 import struct
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,6 +212,30 @@ async def drive_traffic(
     return codes
 
 
+def kv_cache_use_recorded(router_url: str, prometheus: Prometheus, threshold: float, timeout_s: float) -> bool:
+    """Hold the engines' KV cache until Prometheus has recorded it in use above ``threshold``.
+
+    The KV-cache alert's expression (``kvfleet:kv_cache_usage:avg > threshold``) has data only where
+    a rule evaluation read a scrape taken while a sequence held blocks: the engine's gauge is back to
+    0 when its last sequence ends. The traffic's 8-token answers last milliseconds, and all of them
+    can fall between the 1 s scrapes, the more so when a loaded machine runs the scrapes late. So
+    decode long answers (ignore_eos: each holds its blocks over several scrapes) until the recorded
+    series shows it, bounded, instead of hoping a scrape landed mid-request."""
+    expr = f"max_over_time(kvfleet:kv_cache_usage:avg[5m]) > {threshold}"
+    deadline = time.monotonic() + timeout_s
+    body = {"model": SERVED, "max_tokens": 512, "ignore_eos": True, "temperature": 0}
+    body["messages"] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me everything."}]
+    while not prometheus.instant(expr):
+        if time.monotonic() > deadline:
+            return False
+        request = urllib.request.Request(
+            router_url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+    return True
+
+
 def launcher_merged() -> bool:
     engine = cli.get_command(click.Context(cli), "engine")
     return isinstance(engine, click.Group) and "launch" in engine.list_commands(click.Context(engine))
@@ -334,6 +359,8 @@ def test_every_expression_returns_data(tmp_path: Path) -> None:
             assert codes.get(f"{SERVED} 200", 0) >= 10, codes
             # The hung replica times out: the router answers 504 without a retry (it may still be working).
             assert sum(n for k, n in codes.items() if k.startswith(f"{HUNG} 5")) >= 6, codes
+            threshold = RULE_VALUES["kvCacheSaturationRatio"]
+            assert kv_cache_use_recorded(url["router"], prometheus, threshold, 60), "no scrape saw the KV cache in use"
 
             expressions = every_expression(groups)
             assert len({e.key for e in expressions}) == len(expressions)

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from support.real_cluster import BIN, Kubectl
+from support.real_cluster import BIN, Kubectl, wait_for
 
 from kvfleet.devcluster.controlplane import ClusterState, ControlPlane
 from kvfleet.devcluster.processes import pid_alive
@@ -44,3 +44,17 @@ def test_up_prints_the_kubeconfig_and_down_removes_everything(control_plane: Con
     assert state is not None and not any(pid_alive(pid) for pid in state.pids.values())
     assert not root.exists()
     assert kvfleet("status", "--dir", str(root), env=env).returncode == 1
+
+
+def test_kwok_renews_a_lease_for_every_node(kubectl: Kubectl) -> None:
+    # Without the Leases, kwok's nodes (and their pods) turned NotReady at the node monitor's grace,
+    # 5 minutes in, and stayed so for its pods: every run longer than that measured nothing real.
+    nodes = {n["metadata"]["name"] for n in kubectl.json("get", "nodes")["items"]}
+    first = {item["metadata"]["name"]: item for item in kubectl.json("get", "leases", "-n", "kube-node-lease")["items"]}
+    assert nodes and nodes <= set(first), sorted(nodes - set(first))
+
+    def renewed() -> bool:
+        now = {i["metadata"]["name"]: i for i in kubectl.json("get", "leases", "-n", "kube-node-lease")["items"]}
+        return all(now[n]["spec"]["renewTime"] != first[n]["spec"]["renewTime"] for n in nodes)
+
+    wait_for(renewed, 60, "every node's Lease renewed")

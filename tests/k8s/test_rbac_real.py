@@ -150,8 +150,21 @@ def chart_rbac(
     helm(control_plane, tmp_path, "uninstall", "kvfleet", "-n", RELEASE_NS, "--wait")
 
 
+def lease_args(values: dict[str, Any]) -> list[str]:
+    """The autoscaler's leader-election flags as the chart renders them for these values: a Lease
+    only with replicas > 1 (charts/kvfleet/templates/autoscaler.yaml)."""
+    if int((values.get("autoscaler") or {}).get("replicas", 1)) <= 1:
+        return ["--no-leader-election"]
+    return ["--leader-election", "--identity", "test-autoscaler", "--lease-namespace", RELEASE_NS]
+
+
 def lifecycle(
-    control_plane: ControlPlane, kubectl: Kubectl, folder: Path, namespace: str, scope_args: list[str]
+    control_plane: ControlPlane,
+    kubectl: Kubectl,
+    folder: Path,
+    namespace: str,
+    scope_args: list[str],
+    autoscaler_lease_args: list[str],
 ) -> None:
     """Operator, router and autoscaler as the chart's ServiceAccounts: create, wake from zero, delete."""
     kc = {sa: token_kubeconfig(kubectl, control_plane, sa, folder) for sa in COMPONENTS}
@@ -182,11 +195,7 @@ def lifecycle(
                 "127.0.0.1",
                 "--listen-port",
                 str(autoscaler_port),
-                "--leader-election",
-                "--identity",
-                "test-autoscaler",
-                "--lease-namespace",
-                RELEASE_NS,
+                *autoscaler_lease_args,
                 "--wake-token-file",
                 str(wake_token),
                 "--kubeconfig",
@@ -332,8 +341,12 @@ def roles_of(kubectl: Kubectl, values: dict[str, Any]) -> list[tuple[str, str, s
 
 
 SCOPES = [
+    # One autoscaler (the chart's default): no leader election, so no Lease rule.
     pytest.param({}, id="cluster"),
-    pytest.param({"scope": {"mode": "namespace", "namespaces": ["team-a"]}}, id="namespace"),
+    # Two: the Lease, and the Role in the release namespace that grants it.
+    pytest.param(
+        {"scope": {"mode": "namespace", "namespaces": ["team-a"]}, "autoscaler": {"replicas": 2}}, id="namespace"
+    ),
 ]
 
 
@@ -346,7 +359,8 @@ def test_chart_rbac_is_sufficient_and_every_rule_is_needed(
     if kubectl.get("namespace", namespace) is None:
         kubectl("create", "namespace", namespace)
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 1))
-    lifecycle(control_plane, kubectl, tmp_path, namespace, ["--namespace", namespace] if scoped else [])
+    scope_args = ["--namespace", namespace] if scoped else []
+    lifecycle(control_plane, kubectl, tmp_path, namespace, scope_args, lease_args(chart_rbac))
 
     folder_kc = {sa: tmp_path / f"{sa}.kubeconfig" for sa in COMPONENTS}
     kubectl.apply(_owner(namespace), "--server-side", "--field-manager=alice")

@@ -2,7 +2,8 @@
 real API server: a converged fleet's resyncs send no request beyond watches (children and pods come
 from the operator's watches, operator/child_cache.py); invalid specs among valid ones get their
 condition and Event; a deployment asking for more GPUs than the cluster has says why it is not
-Ready; a namespace deleted with its deployments is cleaned up."""
+Ready; a namespace deleted with its deployments is cleaned up; status follows a rollout at the engine
+Deployment's pace (its watch), not at the rollout check's."""
 
 from __future__ import annotations
 
@@ -16,29 +17,11 @@ import yaml
 from support.real_cluster import ComponentProcess, Kubectl, audit_entries, condition, wait_for
 
 from kvfleet.devcluster.controlplane import ControlPlane
+from kvfleet_testkit.manifests import SCALE_POLICY
+from kvfleet_testkit.manifests import inference_deployment as deployment
 
 StartOperator = Callable[..., ComponentProcess]
-POLICY = {"nodeCacheHostPaths": [], "imageRegistries": ["ghcr.io/kvfleet"], "priorityClasses": ["*"]}
-POLICY["tolerationKeys"] = ["*"]
 RESYNC_S = 1.0  # resyncs every second, so a short window holds several of each deployment's
-
-
-def deployment(name: str, namespace: str, *, replicas: int = 1, gpus: int = 1, invalid: bool = False) -> dict:
-    # Admitted by the API server (the CRD cannot know the platform's registries), refused by the
-    # operator's spec policy: Degraded=PolicyViolation and an Event.
-    engine: dict[str, Any] = {"kind": "vllm", **({"image": "registry.example/unvetted/engine:1"} if invalid else {})}
-    return {
-        "apiVersion": "kvfleet.io/v1alpha1",
-        "kind": "InferenceDeployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {"uri": f"s3://model-cache/models/{name}"},
-            "engine": engine,
-            "resources": {"gpus": gpus},
-            "replicas": replicas,
-            "cache": {"bucket": "model-cache"},
-        },
-    }
 
 
 def ready(obj: dict[str, Any] | None) -> bool:
@@ -64,7 +47,7 @@ def test_a_converged_fleet_costs_no_requests_and_bad_input_is_reported(
     kubectl("create", "namespace", namespace)
     wait_for(lambda: kubectl.get("serviceaccount", "default", namespace), 30, "the default ServiceAccount")
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(POLICY))
+    policy.write_text(yaml.safe_dump(SCALE_POLICY))
     start_operator("--resync-interval-s", str(RESYNC_S), "--policy-file", str(policy))
     good = [deployment(f"m{i}", namespace) for i in range(3)]
     bad = deployment("bad", namespace, invalid=True)
@@ -106,3 +89,33 @@ def test_a_converged_fleet_costs_no_requests_and_bad_input_is_reported(
     # The namespace deleted with its deployments: the operator lets each go, and the namespace goes.
     kubectl("delete", "namespace", namespace, "--wait=false")
     wait_for(lambda: kubectl.get("namespace", namespace) is None, 120, f"namespace {namespace} to be gone")
+
+
+def rolled(obj: dict[str, Any] | None, generation: int) -> bool:
+    """Rolled and Ready as `kubectl rollout status` would say of the engine Deployment: every replica
+    current and ready, for this generation of the spec."""
+    status = (obj or {}).get("status") or {}
+    return (
+        ready(obj)
+        and (condition(obj, "Progressing") or {}).get("reason") == "Complete"
+        and status.get("observedGeneration") == generation == (obj or {})["metadata"]["generation"]
+        and status.get("readyReplicas") == (obj or {})["spec"]["replicas"]
+    )
+
+
+def test_status_follows_a_rollout_at_the_deployments_pace(
+    control_plane: ControlPlane, kubectl: Kubectl, namespace: str, start_operator: StartOperator
+) -> None:
+    # Timers far beyond the test's waits: only the engine Deployment's watch (operator/rollout_nudge.py)
+    # can bring status up to date in time. Without it Ready waits for the rollout check.
+    slow_s = 600
+    start_operator("--resync-interval-s", str(slow_s), "--rollout-check-interval-s", str(slow_s))
+    kubectl.apply(deployment("roll", namespace, replicas=2), "--server-side")
+    wait_for(lambda: rolled(kubectl.get("infd", "roll", namespace), 1), 60, "Ready, 2/2 current")
+    # A spec change rolls new pods: status says Complete once the Deployment controller has rolled them.
+    kubectl("patch", "infd", "roll", "-n", namespace, "--type=merge", "-p", '{"spec":{"engine":{"maxModelLen":4096}}}')
+    wait_for(lambda: rolled(kubectl.get("infd", "roll", namespace), 2), 60, "rolled and Ready, 2/2 current")
+    engine = kubectl.json("get", "deployment", "roll-engine", "-n", namespace)
+    status = engine["status"]
+    assert status.get("observedGeneration") == engine["metadata"]["generation"]
+    assert status.get("updatedReplicas") == status.get("readyReplicas") == 2

@@ -130,6 +130,10 @@ Rendered once from templates/validate.yaml.
 {{- if and .Values.autoscaler.enabled (eq .Values.scope.mode "namespace") (gt (len .Values.scope.namespaces) 1) -}}
 {{- $errors = append $errors (printf "scope.namespaces lists %d namespaces, but the autoscaler watches one namespace or all (kvfleet autoscaler run --namespace); use one namespace, or cluster mode" (len .Values.scope.namespaces)) -}}
 {{- end -}}
+{{- $le := .Values.autoscaler.leaderElection -}}
+{{- if not (and (lt (int $le.retryPeriodSeconds) (int $le.renewDeadlineSeconds)) (lt (int $le.renewDeadlineSeconds) (int $le.leaseDurationSeconds))) -}}
+{{- $errors = append $errors (printf "autoscaler.leaderElection needs retryPeriodSeconds (%d) < renewDeadlineSeconds (%d) < leaseDurationSeconds (%d): the leader must stop acting before a standby may take over" (int $le.retryPeriodSeconds) (int $le.renewDeadlineSeconds) (int $le.leaseDurationSeconds)) -}}
+{{- end -}}
 {{- if not (or .Values.operator.enabled .Values.router.enabled .Values.autoscaler.enabled) -}}
 {{- $errors = append $errors "operator, router and autoscaler are all disabled: enable at least one" -}}
 {{- end -}}

@@ -1,0 +1,58 @@
+"""Phase 2: N InferenceDeployments (and N/10 invalid ones) applied at once, each one's apply-to-Ready
+time and each invalid one's time to Degraded and its Event; then a new router's time until it lists
+every model's every endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from .cluster import ScaleRun, create_all, list_all, router_port, router_replicas, wait_each
+from .objects import BAD_REASONS, EVENTS, INFD, REPLICAS, condition, infd, infd_ready, namespace_of, summary
+
+
+async def apply_all(s: ScaleRun) -> dict[str, Any]:
+    n = s.n
+    bad = max(1, n // 10)
+    docs = [infd(f"m{i:04d}", namespace_of(i, n)) for i in range(n)]
+    docs += [infd(f"bad{i:04d}", namespace_of(i, n), invalid=True) for i in range(bad)]
+    print(f"[{n}] apply {n} InferenceDeployments (+{bad} invalid)", flush=True)
+    t0 = time.monotonic()
+    created = await create_all(s.admin, INFD, docs)
+    s.valid = {k for k in created if k[1].startswith("m")}
+    invalid = set(created) - s.valid
+    ready, degraded = await asyncio.gather(
+        wait_each(s.admin, INFD, s.valid, infd_ready, s.phase_timeout_s),
+        wait_each(s.admin, INFD, invalid, lambda o: condition(o, "Degraded").get("reason") in BAD_REASONS, 120),
+    )
+    events = await list_all(s.admin, EVENTS)
+    evented = {
+        (e["involvedObject"].get("namespace"), e["involvedObject"].get("name"))
+        for e in events
+        if e.get("reason") in BAD_REASONS
+    }
+    return {
+        "apply": {
+            **summary([ready[k] - created[k] for k in ready]),
+            "total_s": round(max(ready.values(), default=t0) - t0, 1),
+            "not_ready": len(s.valid) - len(ready),
+        },
+        "invalid": {
+            "applied": len(invalid),
+            "degraded": len(degraded),
+            "with_event": len(invalid & evented),
+            **{f"to_degraded_{k}": v for k, v in summary([degraded[k] - created[k] for k in degraded]).items()},
+        },
+    }
+
+
+async def new_router(s: ScaleRun) -> dict[str, Any]:
+    """A router started after convergence: time until it lists every model's every endpoint."""
+    t1 = time.monotonic()
+    s.procs["router-2"].start()
+    port = router_port(s.procs["router-2"])
+    want = s.n * REPLICAS
+    while router_replicas(port) < want and time.monotonic() - t1 < s.phase_timeout_s:  # noqa: ASYNC110
+        await asyncio.sleep(0.5)
+    return {"new_router_ready_s": round(time.monotonic() - t1, 1), "new_router_listed": router_replicas(port)}

@@ -1,0 +1,53 @@
+"""API requests by kvfleet's components, from the API server's audit log (its policy records only
+the kvfleet-system ServiceAccounts)."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+from typing import Any
+
+from .cluster import RELEASE_NS, SA
+
+
+def audit_entries(path: Path, since: str, until: str) -> list[dict[str, Any]]:
+    found, seen = [], set()
+    files = sorted(path.parent.glob("audit*.log"), key=lambda p: p.stat().st_mtime)
+    for f in files:
+        with open(f) as fh:
+            for line in fh:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                stamp = e.get("requestReceivedTimestamp", "")
+                if since <= stamp < until and e.get("auditID") not in seen:
+                    seen.add(e.get("auditID"))
+                    found.append(e)
+    return found
+
+
+def component_of(entry: dict[str, Any], routers: dict[str, str]) -> str | None:
+    user = entry.get("user", {}).get("username", "")
+    if not user.startswith(f"system:serviceaccount:{RELEASE_NS}:"):
+        return None
+    sa = user.rsplit(":", 1)[1]
+    return {v: k for k, v in SA.items()}.get(sa)
+
+
+def by_component_and_verb(entries: list[dict[str, Any]], minutes: float) -> dict[str, dict[str, float]]:
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for e in entries:
+        comp = component_of(e, {})
+        if comp is not None:
+            counts[comp][e.get("verb", "?")] += 1
+    return {c: {v: round(n / minutes, 1) for v, n in sorted(vs.items())} for c, vs in counts.items()}
+
+
+def peak_per_second(entries: list[dict[str, Any]]) -> int:
+    bins = collections.Counter(e.get("requestReceivedTimestamp", "")[:19] for e in entries if component_of(e, {}))
+    return max(bins.values()) if bins else 0
+
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
