@@ -91,6 +91,9 @@ class RenderInputs:
     kv_events_port: int = contracts.KV_EVENTS_PORT
     # Where the events socket binds: every interface in a pod, loopback in local mode.
     kv_events_host: str = "*"
+    # Set: the model folder is still being filled by the weight pull (kvfleet.weight_stream); the
+    # reference engine loads shards as they land and waits this long for each next file.
+    weights_arrival_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -316,6 +319,8 @@ def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> Eng
         argv += ["--drain-timeout", f"{inputs.drain_timeout_s:g}"]
     if inputs.artifacts_dir is not None:
         argv += ["--artifacts-dir", str(inputs.artifacts_dir / REFERENCE_ARTIFACTS_SUBDIR)]
+    if inputs.weights_arrival_timeout_s is not None:
+        argv += ["--weights-arrival-timeout-s", f"{inputs.weights_arrival_timeout_s:g}"]
     events, notes = _kv_events_args(spec, inputs)
     argv += events
     if spec.resources.gpus >= 1 and engine.gpu_memory_utilization != 0.9:
