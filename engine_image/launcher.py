@@ -3,7 +3,7 @@
 ``Launcher.run`` walks the phases in order (pull, artifacts, engine_start, first_ready), records
 each one, then supervises the engine until it exits and returns the exit code the process should
 end with. Everything it talks to is injected (:class:`LaunchDeps`), so tests run it against
-moto's S3 server and a real reference engine without patching anything.
+the real S3 server (SeaweedFS) and a real reference engine without patching anything.
 
 The rooms it walks through live beside it: the artifact steps (``artifact_steps``: restore, trust,
 the fetch-or-rebuild decision, the push), the engine process (``supervisor``), readiness
@@ -196,6 +196,7 @@ class Launcher:
             drain_timeout_s=self.settings.stop.grace_s,
             kv_events_port=self.settings.kv_events_port,
             weights_arrival_timeout_s=arrival_timeout_s,
+            vllm_load_format=self.settings.vllm_load_format,
         )
         try:
             return self.deps.render(self.launch.spec, inputs)

@@ -16,7 +16,7 @@ from kvfleet import contracts
 from kvfleet.weight_cache.settings import ProgressSettings
 
 from .artifact_decision import DecisionSettings
-from .engine_args import ReferenceEngineSizing
+from .engine_args import ReferenceEngineSizing, VllmLoadFormat
 from .model_pin import DEFAULT_PIN_PATH
 from .readiness import ReadinessSettings
 from .supervisor import StopSettings
@@ -78,6 +78,9 @@ class LauncherSettings:
     # How long the engine waits for the next file of a pull in progress before it fails naming the
     # file: the node cache's lock timeout, since another pod's pull of the same model may hold it.
     weights_arrival_timeout_s: float = 3600.0
+    # vLLM's --load-format on the node cache's complete files (engine_args.VllmLoadFormat); None
+    # leaves vLLM's default. Not measured against each other here (no GPU node for vLLM): off.
+    vllm_load_format: VllmLoadFormat | None = None
 
     def __post_init__(self) -> None:
         _port(self.engine_port, "engine_port")

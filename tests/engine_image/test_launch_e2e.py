@@ -88,10 +88,6 @@ def launch_and_serve(
     return report, launcher
 
 
-def phase_s(report: dict[str, Any], *phases: str) -> float:
-    return float(sum(report["phases"][p] for p in phases))
-
-
 def test_cold_then_warm_then_fresh_node(
     tmp_path: Path,
     populated_model: PopulatedModel,
@@ -127,9 +123,14 @@ def test_cold_then_warm_then_fresh_node(
     assert details["artifacts"]["hit"] is True and details["artifacts"]["source"] == "node-cache"
     assert warm["artifactsFingerprint"] == fingerprint and warm["modelDigest"] == cold["modelDigest"]
     assert "compile cache" in launcher.log and ": hit (" in launcher.log
-    # The caches govern pull and artifacts; the engine's start is dominated by importing torch,
-    # which is noisy on a shared machine, so the comparison is made on the phases they govern.
-    assert phase_s(warm, "pull", "artifacts") < phase_s(cold, "pull", "artifacts")
+    # What the caches save, without timing noise: no weight byte moved (above), and the engine
+    # compiled from the restored cache instead of from scratch. (On the real S3 server a 64 MB cold
+    # pull takes about as long as the warm start's sha256 check of the same bytes, so the phases'
+    # seconds no longer tell the two apart on a busy machine.)
+    warm_compile = warm["phaseDetails"]["engine_start"]["compileSeconds"]
+    cold_compile = cold["phaseDetails"]["engine_start"]["compileSeconds"]
+    assert warm["phaseDetails"]["engine_start"]["compileCacheHit"] is True
+    assert cold["phaseDetails"]["engine_start"]["compileCacheHit"] is False and warm_compile < cold_compile
     assert launcher.stop() == 0
 
     fresh, launcher = launch_and_serve(populated_model, node_b, tmp_path, seaweedfs, launchers, engine_pod)

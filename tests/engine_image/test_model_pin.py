@@ -1,4 +1,4 @@
-"""The pinned model digest and the node cache's content check, through the real launcher: moto's S3
+"""The pinned model digest and the node cache's content check, through the real launcher: the real S3
 server, the real weight cache, a stand-in engine process and the launcher's real HTTP endpoint."""
 
 from __future__ import annotations

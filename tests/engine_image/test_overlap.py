@@ -74,6 +74,33 @@ def test_only_the_reference_engine_is_told_to_wait_for_shards() -> None:
     assert argv[argv.index("--model") + 1] == "/tmp/x/model"
 
 
+@pytest.mark.parametrize(
+    ("load_format", "expected"),
+    [
+        (None, None),
+        ("safetensors", ["--load-format", "safetensors"]),
+        ("runai_streamer", ["--load-format", "runai_streamer", "--model-loader-extra-config", '{"concurrency":16}']),
+    ],
+)
+def test_vllm_reads_the_node_caches_verified_files_with_the_load_format_asked_for(
+    load_format: Any, expected: list[str] | None
+) -> None:
+    """vLLM lists its model folder at start, so it starts after the pull; the streamer reads the
+    node cache's complete files (the path is the node cache's, never the s3:// location)."""
+    model = Path("/var/cache/kvfleet/models/" + "ab" * 32)
+    inputs = RenderInputs(model_path=model, served_name="m", port=8000, vllm_load_format=load_format)
+    argv = list(render_engine_command(spec_for("s3://bucket-b/m", kind="vllm").spec, inputs).argv)
+    assert argv[argv.index("--model") + 1] == str(model)
+    if expected is None:
+        assert "--load-format" not in argv
+    else:
+        start = argv.index("--load-format")
+        assert argv[start : start + len(expected)] == expected
+    extra = spec_for("s3://bucket-b/m", kind="vllm", engine={"kind": "vllm", "extraArgs": ["--load-format=auto"]})
+    argv = list(render_engine_command(extra.spec, inputs).argv)
+    assert argv.count("--load-format") == 0 and argv[-1] == "--load-format=auto"  # the spec's own choice wins
+
+
 @pytest.fixture(scope="module")
 def sharded_model(s3_client: S3Client, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     from kvfleet.engine.tiny_model import make_tiny_model
