@@ -22,6 +22,8 @@ from pathlib import Path
 # Names the writer uses for itself; a model file never starts with ".kvfleet-" (the weight cache
 # reserves the prefix, weight_cache/safety.py).
 LISTING = ".kvfleet-stream.json"
+# Names being written; a reader opens only listed names, never these.
+TMP_PREFIX = ".tmp-"
 MAX_LISTED_FILES = 10_000
 MAX_LISTING_BYTES = 4 << 20
 
@@ -45,7 +47,7 @@ def _safe_relative(path: str) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".tmp-{uuid.uuid4().hex[:8]}")
+    tmp = path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
@@ -83,7 +85,12 @@ class StreamWriter:
         if _same_file(target, verified):
             return
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            os.link(verified, target, follow_symlinks=False)  # the name appears whole, or not at all
+            return
+        except FileExistsError:
+            pass  # another file under this name (a concurrent puller's, or stale): replace it atomically
+        tmp = target.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}")
         os.link(verified, tmp, follow_symlinks=False)
         os.replace(tmp, target)
 
@@ -99,7 +106,7 @@ def _same_file(a: Path, b: Path) -> bool:
 def expose(link: Path, directory: Path) -> None:
     """Point ``link`` (the path an engine was started with) at ``directory``, atomically."""
     link.parent.mkdir(parents=True, exist_ok=True)
-    tmp = link.with_name(f".tmp-{uuid.uuid4().hex[:8]}")
+    tmp = link.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}")
     os.symlink(directory, tmp, target_is_directory=True)
     os.replace(tmp, link)
 

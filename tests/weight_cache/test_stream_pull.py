@@ -16,7 +16,7 @@ import pytest
 from kvfleet.weight_cache import ChecksumMismatchError, PullSettings, populate, pull_model
 from kvfleet.weight_cache.manifest import Manifest
 from kvfleet.weight_cache.s3 import S3Client
-from kvfleet.weight_stream import LISTING
+from kvfleet.weight_stream import LISTING, TMP_PREFIX
 from tests.weight_cache.conftest import MiB, write_model
 
 # Three shards of several parts each, and the small files an engine reads first.
@@ -39,6 +39,8 @@ class Watcher:
         self.link = link
         self.seen: dict[str, str] = {}
         self.order: list[str] = []
+        self.poll_of: dict[str, int] = {}  # the poll each name was first seen in
+        self.polls = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -50,12 +52,14 @@ class Watcher:
         self._look()
 
     def _look(self) -> None:
+        self.polls += 1
         if not self.link.exists():
             return
         for path in sorted(self.link.iterdir()):
-            if path.name in self.seen or not path.is_file():
-                continue
+            if path.name in self.seen or path.name.startswith(TMP_PREFIX) or not path.is_file():
+                continue  # a name being written (never listed, never opened by an engine)
             self.order.append(path.name)
+            self.poll_of[path.name] = self.polls
             self.seen[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
 
     def finish(self) -> None:
@@ -87,10 +91,12 @@ def test_the_engines_folder_shows_only_verified_files_small_ones_first(
     assert {n: watcher.seen[n] for n in files} == expected  # every file, each complete when first seen
     assert watcher.order[0] == LISTING
     weights = [n for n in files if n.endswith(".safetensors")]
-    # The small files (fetched side by side, in any order among themselves) before any weight, and
-    # the weights in the order a loader reads them.
-    assert set(files[: len(files) - len(weights)]) == {n for n in expected if not n.endswith(".safetensors")}
-    assert weights == sorted(weights)
+    # The small files (fetched side by side, in any order among themselves) no later than any weight,
+    # and the weights in the order a loader reads them (names seen in one poll count as together).
+    small = [n for n in expected if not n.endswith(".safetensors")]
+    polls = watcher.poll_of
+    assert max(polls[n] for n in small) <= min(polls[n] for n in weights)
+    assert [polls[n] for n in sorted(weights)] == sorted(polls[n] for n in weights)
     assert link.resolve() == (tmp_path / "node" / "streams" / pulled.digest)
 
     # A second start on this node: a hit, the same folder, the same files (no new links made).
@@ -123,3 +129,30 @@ def test_a_shard_that_does_not_match_the_manifest_never_reaches_the_engines_fold
     }
     assert "model-00001-of-00003.safetensors" in watcher.seen
     assert not (tmp_path / "node" / "models").exists() or not any((tmp_path / "node" / "models").iterdir())
+
+
+def test_a_file_damaged_in_the_node_cache_is_never_shown_to_the_next_engine(
+    s3: S3Client, bucket: str, tmp_path: Path
+) -> None:
+    """The stream folder links the node cache's files, so damage to a cached file shows through the
+    old link. The next streamed start checks the model first, drops the refused file's link before
+    its engine sees the folder, and links the copy fetched again."""
+    src = write_model(tmp_path / "src", SHARDED)
+    populate(s3, src, f"s3://{bucket}/m")
+    node = tmp_path / "node"
+    first = pull_model(f"s3://{bucket}/m", node, SETTINGS, client=s3, stream_link=tmp_path / "e1" / "model")
+    first.release()
+    damaged = first.path / "model-00002-of-00003.safetensors"
+    with damaged.open("r+b") as f:  # in place: the stream folder's link is this same inode
+        f.write(b"\xff" * 64)
+
+    link = tmp_path / "e2" / "model"
+    watcher = Watcher(link)
+    try:
+        second = pull_model(f"s3://{bucket}/m", node, SETTINGS, client=s3, stream_link=link)
+    finally:
+        watcher.finish()
+    second.release()
+    assert not second.hit and second.check.refused_count == 1
+    expected = {e.path: e.sha256 for e in _manifest(s3, bucket, "m").files}
+    assert {n: h for n, h in watcher.seen.items() if n != LISTING} == expected  # every file, each verified
