@@ -330,128 +330,126 @@ def run_artifacts_mode(args: argparse.Namespace, server: SeaweedS3, work: Path) 
     ARTIFACT_KEYS["private"] = work / "artifact-signing.pem"
     ARTIFACT_KEYS["public"] = work / "artifact-keys.pem"
     ARTIFACT_KEYS["public"].write_text(public_pem(generate_key_pair(ARTIFACT_KEYS["private"]).public_key()))
-    if True:  # (kept at this depth: the artifacts mode's body as it was measured)
-        print("building the model ...", flush=True)
-        sizes = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "heads": args.heads}
-        model = make_tiny_model(work / "model", kv_heads=args.kv_heads, **sizes)
-        weights = model / "model.safetensors"
-        model_bytes = sum(p.stat().st_size for p in model.iterdir())
-        client = client_for(server, work)
-        bucket = f"bench-{uuid.uuid4().hex[:8]}"
-        client.create_bucket(Bucket=bucket)
-        populate(client, model, f"s3://{bucket}/models/bench")
-        ceiling_s, ceiling_bytes = s3_ceiling(client, bucket, "models/bench/model.safetensors")
+    print("building the model ...", flush=True)
+    sizes = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "heads": args.heads}
+    model = make_tiny_model(work / "model", kv_heads=args.kv_heads, **sizes)
+    weights = model / "model.safetensors"
+    model_bytes = sum(p.stat().st_size for p in model.iterdir())
+    client = client_for(server, work)
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    populate(client, model, f"s3://{bucket}/models/bench")
+    ceiling_s, ceiling_bytes = s3_ceiling(client, bucket, "models/bench/model.safetensors")
 
-        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SCENARIOS}
-        bare_runs: list[float] = []
-        bare_cold_runs: list[float] = []
-        bare_eager_runs: list[float] = []
-        compile_args = ["--compile", "on", "--compile-mode", args.compile_mode]
-        for repeat in range(args.repeats):
-            node = work / f"node-{repeat}"
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SCENARIOS}
+    bare_runs: list[float] = []
+    bare_cold_runs: list[float] = []
+    bare_eager_runs: list[float] = []
+    compile_args = ["--compile", "on", "--compile-mode", args.compile_mode]
+    for repeat in range(args.repeats):
+        node = work / f"node-{repeat}"
 
-            def spec(prefix: str) -> dict[str, Any]:
-                return {
-                    "name": "bench",
-                    "servedName": "bench",
-                    "spec": {
-                        "model": {"uri": f"s3://{bucket}/models/bench"},
-                        "engine": {"kind": "reference", "maxModelLen": 256, "extraArgs": compile_args},
-                        "resources": {"gpus": 0},
-                        "cache": {"bucket": bucket, "artifacts": {"enabled": True, "prefix": prefix}},
-                    },
-                }
+        def spec(prefix: str) -> dict[str, Any]:
+            return {
+                "name": "bench",
+                "servedName": "bench",
+                "spec": {
+                    "model": {"uri": f"s3://{bucket}/models/bench"},
+                    "engine": {"kind": "reference", "maxModelLen": 256, "extraArgs": compile_args},
+                    "resources": {"gpus": 0},
+                    "cache": {"bucket": bucket, "artifacts": {"enabled": True, "prefix": prefix}},
+                },
+            }
 
-            # A fresh artifacts prefix per repeat: its cold run misses and pushes, the later ones hit.
-            prefix = f"artifacts-{repeat}/"
-            print(f"repeat {repeat + 1}/{args.repeats}: cold", flush=True)
-            runs["cold"].append(run_launcher(spec(prefix), node, server, work, wait_push=True))
-            shutil.rmtree(node / "artifacts")
-            print(f"repeat {repeat + 1}/{args.repeats}: node-warm", flush=True)
-            runs["node-warm"].append(run_launcher(spec(f"empty-{repeat}/"), node, server, work, wait_push=True))
-            shutil.rmtree(node / "artifacts")
-            print(f"repeat {repeat + 1}/{args.repeats}: artifacts-warm", flush=True)
-            runs["artifacts-warm"].append(run_launcher(spec(prefix), node, server, work, wait_push=False))
-            print(f"repeat {repeat + 1}/{args.repeats}: all-warm", flush=True)
-            runs["all-warm"].append(run_launcher(spec(prefix), node, server, work, wait_push=False))
-            print(f"repeat {repeat + 1}/{args.repeats}: bare engine (cold compile, then warm)", flush=True)
-            bare_cache = work / f"bare-cache-{repeat}"
-            bare_cold_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
-            bare_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
-            bare_eager_runs.append(run_bare_engine(model, work, ["--compile", "off"], None))
-            for name in SCENARIOS:
-                r = runs[name][-1]
-                print(
-                    f"  {name:15s} total {r['totalSeconds']:.2f}s "
-                    + " ".join(f"{p}={r['phases'][p]:.2f}" for p in PHASES),
-                    flush=True,
-                )
+        # A fresh artifacts prefix per repeat: its cold run misses and pushes, the later ones hit.
+        prefix = f"artifacts-{repeat}/"
+        print(f"repeat {repeat + 1}/{args.repeats}: cold", flush=True)
+        runs["cold"].append(run_launcher(spec(prefix), node, server, work, wait_push=True))
+        shutil.rmtree(node / "artifacts")
+        print(f"repeat {repeat + 1}/{args.repeats}: node-warm", flush=True)
+        runs["node-warm"].append(run_launcher(spec(f"empty-{repeat}/"), node, server, work, wait_push=True))
+        shutil.rmtree(node / "artifacts")
+        print(f"repeat {repeat + 1}/{args.repeats}: artifacts-warm", flush=True)
+        runs["artifacts-warm"].append(run_launcher(spec(prefix), node, server, work, wait_push=False))
+        print(f"repeat {repeat + 1}/{args.repeats}: all-warm", flush=True)
+        runs["all-warm"].append(run_launcher(spec(prefix), node, server, work, wait_push=False))
+        print(f"repeat {repeat + 1}/{args.repeats}: bare engine (cold compile, then warm)", flush=True)
+        bare_cache = work / f"bare-cache-{repeat}"
+        bare_cold_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
+        bare_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
+        bare_eager_runs.append(run_bare_engine(model, work, ["--compile", "off"], None))
+        for name in SCENARIOS:
+            r = runs[name][-1]
             print(
-                f"  bare engine     warm cache {bare_runs[-1]:.2f}s, cold compile {bare_cold_runs[-1]:.2f}s, "
-                f"eager {bare_eager_runs[-1]:.2f}s",
+                f"  {name:15s} total {r['totalSeconds']:.2f}s " + " ".join(f"{p}={r['phases'][p]:.2f}" for p in PHASES),
                 flush=True,
             )
+        print(
+            f"  bare engine     warm cache {bare_runs[-1]:.2f}s, cold compile {bare_cold_runs[-1]:.2f}s, "
+            f"eager {bare_eager_runs[-1]:.2f}s",
+            flush=True,
+        )
 
-        checks = {
-            "coldPulledFromS3": all(r["phaseDetails"]["pull"]["source"] == "s3" for r in runs["cold"]),
-            "warmWeightsFromNode": all(
-                r["phaseDetails"]["pull"]["source"] == "node-cache" for s in SCENARIOS[1:] for r in runs[s]
-            ),
-            "coldArtifactsMissedAndPushed": all(
-                r["phaseDetails"]["artifacts"]["source"] == "miss" and r["artifactsPushed"] for r in runs["cold"]
-            ),
-            "artifactsWarmFromBucket": all(
-                r["phaseDetails"]["artifacts"]["source"] == "bucket" for r in runs["artifacts-warm"]
-            ),
-            "allWarmFromNode": all(r["phaseDetails"]["artifacts"]["source"] == "node-cache" for r in runs["all-warm"]),
-            "compiledEveryStart": all(compile_s(r) > 0 for s in SCENARIOS for r in runs[s]),
-            "compileCacheHitWhenRestored": all(
-                r["phaseDetails"]["engine_start"].get("compileCacheHit")
-                for s in ("artifacts-warm", "all-warm")
-                for r in runs[s]
-            ),
-        }
-        artifact_sizes = [r["phaseDetails"]["artifacts"].get("sizeBytes", 0) for r in runs["artifacts-warm"]]
-        result = {
-            "command": "python bench/cold_start.py " + " ".join(sys.argv[1:]),
-            "repeats": args.repeats,
-            "machine": f"{os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}",
-            "model": {
-                "layers": args.layers,
-                "hidden": args.hidden,
-                "vocab": args.vocab,
-                "bytes": model_bytes,
-                # float32 weights: four bytes a parameter.
-                "params": weights.stat().st_size // 4,
-            },
-            "checks": checks,
-            "summary": summarise(runs),
-            "compileArgs": compile_args,
-            "artifactBytes": median([float(x) for x in artifact_sizes]),
-            "decisions": [r["phaseDetails"]["artifacts"].get("reason", "") for r in runs["artifacts-warm"]],
-            "baselines": {
-                "bareEngineSeconds": {"median": median(bare_runs), "runs": bare_runs},
-                "bareColdCompileSeconds": {"median": median(bare_cold_runs), "runs": bare_cold_runs},
-                "bareEagerSeconds": {"median": median(bare_eager_runs), "runs": bare_eager_runs},
-                "s3CeilingSeconds": ceiling_s,
-                "s3CeilingBytes": ceiling_bytes,
-                "s3CeilingMBps": ceiling_bytes / ceiling_s / 1e6,
-            },
-            "nodeCacheCheck": {
-                name: {
-                    "seconds": median([float(r["phaseDetails"]["pull"].get("verifySeconds", 0.0)) for r in runs[name]]),
-                    "mode": runs[name][0]["phaseDetails"]["pull"].get("verify"),
-                    "hashedBytes": runs[name][0]["phaseDetails"]["pull"].get("hashedBytes", 0),
-                }
-                for name in SCENARIOS[1:]
-            },
-            "runs": runs,
-        }
-        write_results(result, args.out)
-        print(json.dumps(result["summary"], indent=2))
-        print(json.dumps(checks))
-        if not all(checks.values()):
-            sys.exit("a scenario did not take the cache path it names; see checks")
+    checks = {
+        "coldPulledFromS3": all(r["phaseDetails"]["pull"]["source"] == "s3" for r in runs["cold"]),
+        "warmWeightsFromNode": all(
+            r["phaseDetails"]["pull"]["source"] == "node-cache" for s in SCENARIOS[1:] for r in runs[s]
+        ),
+        "coldArtifactsMissedAndPushed": all(
+            r["phaseDetails"]["artifacts"]["source"] == "miss" and r["artifactsPushed"] for r in runs["cold"]
+        ),
+        "artifactsWarmFromBucket": all(
+            r["phaseDetails"]["artifacts"]["source"] == "bucket" for r in runs["artifacts-warm"]
+        ),
+        "allWarmFromNode": all(r["phaseDetails"]["artifacts"]["source"] == "node-cache" for r in runs["all-warm"]),
+        "compiledEveryStart": all(compile_s(r) > 0 for s in SCENARIOS for r in runs[s]),
+        "compileCacheHitWhenRestored": all(
+            r["phaseDetails"]["engine_start"].get("compileCacheHit")
+            for s in ("artifacts-warm", "all-warm")
+            for r in runs[s]
+        ),
+    }
+    artifact_sizes = [r["phaseDetails"]["artifacts"].get("sizeBytes", 0) for r in runs["artifacts-warm"]]
+    result = {
+        "command": "python bench/cold_start.py " + " ".join(sys.argv[1:]),
+        "repeats": args.repeats,
+        "machine": f"{os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}",
+        "model": {
+            "layers": args.layers,
+            "hidden": args.hidden,
+            "vocab": args.vocab,
+            "bytes": model_bytes,
+            # float32 weights: four bytes a parameter.
+            "params": weights.stat().st_size // 4,
+        },
+        "checks": checks,
+        "summary": summarise(runs),
+        "compileArgs": compile_args,
+        "artifactBytes": median([float(x) for x in artifact_sizes]),
+        "decisions": [r["phaseDetails"]["artifacts"].get("reason", "") for r in runs["artifacts-warm"]],
+        "baselines": {
+            "bareEngineSeconds": {"median": median(bare_runs), "runs": bare_runs},
+            "bareColdCompileSeconds": {"median": median(bare_cold_runs), "runs": bare_cold_runs},
+            "bareEagerSeconds": {"median": median(bare_eager_runs), "runs": bare_eager_runs},
+            "s3CeilingSeconds": ceiling_s,
+            "s3CeilingBytes": ceiling_bytes,
+            "s3CeilingMBps": ceiling_bytes / ceiling_s / 1e6,
+        },
+        "nodeCacheCheck": {
+            name: {
+                "seconds": median([float(r["phaseDetails"]["pull"].get("verifySeconds", 0.0)) for r in runs[name]]),
+                "mode": runs[name][0]["phaseDetails"]["pull"].get("verify"),
+                "hashedBytes": runs[name][0]["phaseDetails"]["pull"].get("hashedBytes", 0),
+            }
+            for name in SCENARIOS[1:]
+        },
+        "runs": runs,
+    }
+    write_results(result, args.out)
+    print(json.dumps(result["summary"], indent=2))
+    print(json.dumps(checks))
+    if not all(checks.values()):
+        sys.exit("a scenario did not take the cache path it names; see checks")
 
 
 OVERLAP_MODES = ("overlap", "sequential")
