@@ -1,8 +1,17 @@
-"""Cold start of an engine pod, by phase: cold vs node-cache-warm vs artifacts-warm, compilation on.
+"""Cold start of an engine pod: the launcher's phases, with the engine started before the pull ends
+or after it, and with engine artifacts cold and warm.
 
 Runs the real launcher (`kvfleet engine launch`, as a process) with the reference engine on CPU
-against moto's S3 server, for a random-weight model of about 1 GB (flags make it bigger), and
-reports launch-to-first-token with its phases:
+against the real S3 server (SeaweedFS, kvfleet_testkit.seaweedfs), and reports launch-to-first-token
+with its phases. Two modes:
+
+``--mode overlap`` (default; docs/benchmarks/cold_start.{json,md,png}): cold starts (empty node
+cache, artifacts off) of a sharded random-weight model, with the engine started at once on a folder
+the pull fills with verified shards (``--overlap-pull``) and with the engine started after the pull
+(``--no-overlap-pull``), alternating run by run (the order flips every repeat); the bare engine
+(`kvfleet engine serve` on a complete local copy) and the server's ceiling in the same run.
+
+``--mode artifacts`` (docs/benchmarks/cold_start_artifacts.{json,md,png}), compilation on:
 
     cold            empty node cache, no artifacts anywhere: weights pulled, artifacts built and pushed
     node-warm       weights on the node, no artifacts (a new engine version on a node that has the model)
@@ -10,20 +19,16 @@ reports launch-to-first-token with its phases:
                     on this node after another node built them)
     all-warm        weights and artifacts on the node (a restart on the same node)
 
-Baselines measured in the same run: moto's own ceiling (one plain GET of the weights file, the
-fastest this S3 server moves those bytes) and the bare engine (`kvfleet engine serve --compile on`
-on a local copy with its compile cache already on local disk, no launcher): what no launcher can go
-below; also the bare engine compiling from scratch and the bare engine eager. Results: medians over --repeats,
-ratios against cold and against the bare engine; JSON, Markdown and a PNG in docs/benchmarks/.
+with the bare engine compiling, warm and eager as baselines. Medians over --repeats, ratios; JSON,
+Markdown and a PNG in docs/benchmarks/.
 
-    .venv/bin/python bench/cold_start.py [--repeats 3] [--layers 6 --hidden 1536 --vocab 32000]
+    .venv/bin/python bench/cold_start.py [--mode overlap] [--repeats 3] [--layers 6 --hidden 1536 --shards 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import platform
 import shutil
@@ -39,17 +44,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from moto.server import ThreadedMotoServer
-
 from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.free_port import pick_free_port
 from kvfleet.weight_cache import S3Settings, make_client, populate
+from kvfleet_testkit.seaweedfs import SeaweedS3, seaweedfs_s3_server
 
 REPO = Path(__file__).resolve().parent.parent
 
 PHASES = ("pull", "artifacts", "engine_start", "first_ready")
 SCENARIOS = ("cold", "node-warm", "artifacts-warm", "all-warm")
-ACCESS_KEY, SECRET_KEY = "AKIDBENCH", "bench-secret"
 START_TIMEOUT_S = 600.0
 
 
@@ -84,32 +87,36 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 ARTIFACT_KEYS: dict[str, Path] = {}
 
 
-def env_for(endpoint: str, node: Path, builder: bool = False) -> dict[str, str]:
+def env_for(server: SeaweedS3, node: Path, builder: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     if ARTIFACT_KEYS:
         env["KVFLEET_ARTIFACT_KEYS"] = str(ARTIFACT_KEYS["public"])
         if builder:
             env["KVFLEET_ARTIFACT_SIGNING_KEY"] = str(ARTIFACT_KEYS["private"])
-    env.update(
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_ACCESS_KEY_ID=ACCESS_KEY,
-        AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-        KVFLEET_NODE_CACHE=str(node),
-    )
+    env.update(server.env())
+    env["KVFLEET_NODE_CACHE"] = str(node)
     return env
 
 
-def run_launcher(spec: dict[str, Any], node: Path, endpoint: str, work: Path, wait_push: bool) -> dict[str, Any]:
-    """One launch: returns the launcher's /coldstart report plus the externally timed wall clock."""
+def run_launcher(
+    spec: dict[str, Any],
+    node: Path,
+    server: SeaweedS3,
+    work: Path,
+    wait_push: bool,
+    launch_args: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """One launch: returns the launcher's /coldstart report plus the externally timed wall clock
+    (spawn of the launcher process to its first token, which /coldstart's total leaves out)."""
     engine_port, metrics_port = pick_free_port(), pick_free_port()
     spec_path = work / f"spec-{metrics_port}.json"
     spec_path.write_text(json.dumps(spec))
     log = (work / f"launcher-{metrics_port}.log").open("wb")
     argv = [sys.executable, "-m", "kvfleet.cli", "engine", "launch", "--spec", str(spec_path)]
     argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--engine-port", str(engine_port)]
+    argv += launch_args
     started = time.monotonic()
-    env = env_for(endpoint, node, builder=wait_push)
+    env = env_for(server, node, builder=wait_push)
     process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = started + START_TIMEOUT_S
@@ -205,7 +212,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
 
 def write_results(result: dict[str, Any], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "cold_start.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / "cold_start_artifacts.json").write_text(json.dumps(result, indent=2) + "\n")
     s = result["summary"]
     cold, bare = s["cold"]["total"], result["baselines"]["bareEngineSeconds"]["median"]
     lines = [
@@ -214,7 +221,7 @@ def write_results(result: dict[str, Any], out_dir: Path) -> None:
         f"Command: `{result['command']}`",
         "",
         f"Model: {result['model']['params'] / 1e6:.0f} M parameters, {result['model']['bytes'] / 1e9:.2f} GB of "
-        f"float32 safetensors (random weights). Reference engine on CPU, moto's S3 server on loopback. "
+        f"float32 safetensors (random weights). Reference engine on CPU, the S3 server on loopback. "
         f"{result['repeats']} runs per scenario; medians in seconds.",
         "",
         "| scenario | pull | artifacts | engine_start | (of which compile) | first_ready | **total** (launch to "
@@ -268,7 +275,7 @@ def write_results(result: dict[str, Any], out_dir: Path) -> None:
         f"(min {min(b['bareEngineSeconds']['runs']):.2f}, max {max(b['bareEngineSeconds']['runs']):.2f}). "
         f"The same engine compiling from scratch: median {b['bareColdCompileSeconds']['median']:.2f} s; eager "
         f"(`--compile off`): median {b['bareEagerSeconds']['median']:.2f} s.",
-        f"- **moto's ceiling**: one plain GET of the weights file moves {b['s3CeilingMBps']:.0f} MB/s "
+        f"- **the S3 server's ceiling**: one plain GET of the weights file moves {b['s3CeilingMBps']:.0f} MB/s "
         f"({b['s3CeilingSeconds']:.2f} s for {b['s3CeilingBytes'] / 1e6:.0f} MB). The cold pull ran at "
         f"{pull_rate:.0f} MB/s including manifest, checksums and the node-cache write: "
         f"{pull_rate / b['s3CeilingMBps']:.2f}x the server's ceiling. On real S3 in the same datacenter, "
@@ -288,11 +295,11 @@ def write_results(result: dict[str, Any], out_dir: Path) -> None:
         "selection `--device cuda` when `resources.gpus >= 1`, fingerprint with the GPU product) is exercised "
         "by the table tests on CPU only. vLLM was not installed (no GPU machine to run it on).",
         "",
-        "![cold start by phase](cold_start.png)",
+        "![cold start by phase](cold_start_artifacts.png)",
         "",
     ]
-    (out_dir / "cold_start.md").write_text("\n".join(lines))
-    plot(s, bare, out_dir / "cold_start.png")
+    (out_dir / "cold_start_artifacts.md").write_text("\n".join(lines))
+    plot(s, bare, out_dir / "cold_start_artifacts.png")
 
 
 def plot(summary: dict[str, dict[str, Any]], bare: float, path: Path) -> None:
@@ -310,164 +317,380 @@ def plot(summary: dict[str, dict[str, Any]], bare: float, path: Path) -> None:
     ax.axvline(bare, color="black", linestyle="--", label="bare engine")
     ax.invert_yaxis()
     ax.set_xlabel("seconds (median), launch to first token")
-    ax.set_title("kvfleet launcher cold start by phase (reference engine, CPU, moto S3)")
+    ax.set_title("kvfleet launcher cold start by phase (reference engine, CPU)")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def run_artifacts_mode(args: argparse.Namespace, server: SeaweedS3, work: Path) -> None:
+    from kvfleet.weight_cache.signing import generate_key_pair, public_pem
+
+    ARTIFACT_KEYS["private"] = work / "artifact-signing.pem"
+    ARTIFACT_KEYS["public"] = work / "artifact-keys.pem"
+    ARTIFACT_KEYS["public"].write_text(public_pem(generate_key_pair(ARTIFACT_KEYS["private"]).public_key()))
+    print("building the model ...", flush=True)
+    sizes = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "heads": args.heads}
+    model = make_tiny_model(work / "model", kv_heads=args.kv_heads, **sizes)
+    weights = model / "model.safetensors"
+    model_bytes = sum(p.stat().st_size for p in model.iterdir())
+    client = client_for(server, work)
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    populate(client, model, f"s3://{bucket}/models/bench")
+    ceiling_s, ceiling_bytes = s3_ceiling(client, bucket, "models/bench/model.safetensors")
+
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SCENARIOS}
+    bare_runs: list[float] = []
+    bare_cold_runs: list[float] = []
+    bare_eager_runs: list[float] = []
+    compile_args = ["--compile", "on", "--compile-mode", args.compile_mode]
+    for repeat in range(args.repeats):
+        node = work / f"node-{repeat}"
+
+        def spec(prefix: str) -> dict[str, Any]:
+            return {
+                "name": "bench",
+                "servedName": "bench",
+                "spec": {
+                    "model": {"uri": f"s3://{bucket}/models/bench"},
+                    "engine": {"kind": "reference", "maxModelLen": 256, "extraArgs": compile_args},
+                    "resources": {"gpus": 0},
+                    "cache": {"bucket": bucket, "artifacts": {"enabled": True, "prefix": prefix}},
+                },
+            }
+
+        # A fresh artifacts prefix per repeat: its cold run misses and pushes, the later ones hit.
+        prefix = f"artifacts-{repeat}/"
+        print(f"repeat {repeat + 1}/{args.repeats}: cold", flush=True)
+        runs["cold"].append(run_launcher(spec(prefix), node, server, work, wait_push=True))
+        shutil.rmtree(node / "artifacts")
+        print(f"repeat {repeat + 1}/{args.repeats}: node-warm", flush=True)
+        runs["node-warm"].append(run_launcher(spec(f"empty-{repeat}/"), node, server, work, wait_push=True))
+        shutil.rmtree(node / "artifacts")
+        print(f"repeat {repeat + 1}/{args.repeats}: artifacts-warm", flush=True)
+        runs["artifacts-warm"].append(run_launcher(spec(prefix), node, server, work, wait_push=False))
+        print(f"repeat {repeat + 1}/{args.repeats}: all-warm", flush=True)
+        runs["all-warm"].append(run_launcher(spec(prefix), node, server, work, wait_push=False))
+        print(f"repeat {repeat + 1}/{args.repeats}: bare engine (cold compile, then warm)", flush=True)
+        bare_cache = work / f"bare-cache-{repeat}"
+        bare_cold_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
+        bare_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
+        bare_eager_runs.append(run_bare_engine(model, work, ["--compile", "off"], None))
+        for name in SCENARIOS:
+            r = runs[name][-1]
+            print(
+                f"  {name:15s} total {r['totalSeconds']:.2f}s " + " ".join(f"{p}={r['phases'][p]:.2f}" for p in PHASES),
+                flush=True,
+            )
+        print(
+            f"  bare engine     warm cache {bare_runs[-1]:.2f}s, cold compile {bare_cold_runs[-1]:.2f}s, "
+            f"eager {bare_eager_runs[-1]:.2f}s",
+            flush=True,
+        )
+
+    checks = {
+        "coldPulledFromS3": all(r["phaseDetails"]["pull"]["source"] == "s3" for r in runs["cold"]),
+        "warmWeightsFromNode": all(
+            r["phaseDetails"]["pull"]["source"] == "node-cache" for s in SCENARIOS[1:] for r in runs[s]
+        ),
+        "coldArtifactsMissedAndPushed": all(
+            r["phaseDetails"]["artifacts"]["source"] == "miss" and r["artifactsPushed"] for r in runs["cold"]
+        ),
+        "artifactsWarmFromBucket": all(
+            r["phaseDetails"]["artifacts"]["source"] == "bucket" for r in runs["artifacts-warm"]
+        ),
+        "allWarmFromNode": all(r["phaseDetails"]["artifacts"]["source"] == "node-cache" for r in runs["all-warm"]),
+        "compiledEveryStart": all(compile_s(r) > 0 for s in SCENARIOS for r in runs[s]),
+        "compileCacheHitWhenRestored": all(
+            r["phaseDetails"]["engine_start"].get("compileCacheHit")
+            for s in ("artifacts-warm", "all-warm")
+            for r in runs[s]
+        ),
+    }
+    artifact_sizes = [r["phaseDetails"]["artifacts"].get("sizeBytes", 0) for r in runs["artifacts-warm"]]
+    result = {
+        "command": "python bench/cold_start.py " + " ".join(sys.argv[1:]),
+        "repeats": args.repeats,
+        "machine": f"{os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}",
+        "model": {
+            "layers": args.layers,
+            "hidden": args.hidden,
+            "vocab": args.vocab,
+            "bytes": model_bytes,
+            # float32 weights: four bytes a parameter.
+            "params": weights.stat().st_size // 4,
+        },
+        "checks": checks,
+        "summary": summarise(runs),
+        "compileArgs": compile_args,
+        "artifactBytes": median([float(x) for x in artifact_sizes]),
+        "decisions": [r["phaseDetails"]["artifacts"].get("reason", "") for r in runs["artifacts-warm"]],
+        "baselines": {
+            "bareEngineSeconds": {"median": median(bare_runs), "runs": bare_runs},
+            "bareColdCompileSeconds": {"median": median(bare_cold_runs), "runs": bare_cold_runs},
+            "bareEagerSeconds": {"median": median(bare_eager_runs), "runs": bare_eager_runs},
+            "s3CeilingSeconds": ceiling_s,
+            "s3CeilingBytes": ceiling_bytes,
+            "s3CeilingMBps": ceiling_bytes / ceiling_s / 1e6,
+        },
+        "nodeCacheCheck": {
+            name: {
+                "seconds": median([float(r["phaseDetails"]["pull"].get("verifySeconds", 0.0)) for r in runs[name]]),
+                "mode": runs[name][0]["phaseDetails"]["pull"].get("verify"),
+                "hashedBytes": runs[name][0]["phaseDetails"]["pull"].get("hashedBytes", 0),
+            }
+            for name in SCENARIOS[1:]
+        },
+        "runs": runs,
+    }
+    write_results(result, args.out)
+    print(json.dumps(result["summary"], indent=2))
+    print(json.dumps(checks))
+    if not all(checks.values()):
+        sys.exit("a scenario did not take the cache path it names; see checks")
+
+
+OVERLAP_MODES = ("overlap", "sequential")
+OVERLAP_PHASES = ("pull", "engine_start", "first_ready")
+
+
+def overlap_spec(bucket: str) -> dict[str, Any]:
+    return {
+        "name": "bench",
+        "servedName": "bench",
+        "spec": {
+            "model": {"uri": f"s3://{bucket}/models/bench"},
+            "engine": {"kind": "reference", "maxModelLen": 256},
+            "resources": {"gpus": 0},
+        },
+    }
+
+
+def parallel_ceiling(client: Any, bucket: str, keys: list[str]) -> tuple[float, int]:
+    """Every shard read at once, one plain GET each, bytes discarded: what the server moves."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def read(key: str) -> int:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        size = 0
+        while chunk := body.read(8 << 20):
+            size += len(chunk)
+        return size
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(keys)) as pool:
+        total = sum(pool.map(read, keys))
+    return time.monotonic() - started, total
+
+
+def run_overlap_mode(args: argparse.Namespace, server: SeaweedS3, work: Path) -> None:
+    print("building the model ...", flush=True)
+    sizes = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "heads": args.heads}
+    model = make_tiny_model(work / "model", kv_heads=args.kv_heads, shards=args.shards, **sizes)
+    model_bytes = sum(p.stat().st_size for p in model.iterdir())
+    shard_keys = [f"models/bench/{p.name}" for p in sorted(model.glob("*.safetensors"))]
+    client = client_for(server, work)
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    print(f"populating {model_bytes / 1e9:.2f} GB ...", flush=True)
+    populate(client, model, f"s3://{bucket}/models/bench")
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in OVERLAP_MODES}
+    bare: list[float] = []
+    ceilings: list[float] = []
+    for repeat in range(args.repeats):
+        # Alternate, flipping the order each repeat, so drift in the machine's load hits both alike.
+        order = OVERLAP_MODES if repeat % 2 == 0 else tuple(reversed(OVERLAP_MODES))
+        for mode in order:
+            node = work / f"node-{mode}-{repeat}"  # an empty node cache: a cold start every time
+            flag = "--overlap-pull" if mode == "overlap" else "--no-overlap-pull"
+            load_before = os.getloadavg()[0]
+            report = run_launcher(overlap_spec(bucket), node, server, work, wait_push=False, launch_args=(flag,))
+            report["loadAverage1m"] = [load_before, os.getloadavg()[0]]
+            runs[mode].append(report)
+            shutil.rmtree(node, ignore_errors=True)
+            engine = report["phaseDetails"]["engine_start"]
+            print(
+                f"repeat {repeat + 1}/{args.repeats} {mode:10s} total {report['totalSeconds']:.2f}s wall "
+                f"{report['wallSeconds']:.2f}s "
+                + " ".join(f"{p}={report['phases'][p]:.2f}" for p in OVERLAP_PHASES)
+                + f" startedBeforePullEnd={engine.get('startedBeforePullEndS', 0):.2f} load {load_before:.1f}",
+                flush=True,
+            )
+        bare.append(run_bare_engine(model, work, ["--compile", "off"], None))
+        seconds, moved = parallel_ceiling(client, bucket, shard_keys)
+        ceilings.append(moved / seconds / 1e6)
+        print(f"  bare engine {bare[-1]:.2f}s; server ceiling {ceilings[-1]:.0f} MB/s", flush=True)
+
+    def row(reports: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {p: median([r["phases"][p] for r in reports]) for p in OVERLAP_PHASES}
+        totals = [r["totalSeconds"] for r in reports]
+        walls = [r["wallSeconds"] for r in reports]
+        out.update(
+            total=median(totals),
+            totalMin=min(totals),
+            totalMax=max(totals),
+            wall=median(walls),
+            wallMin=min(walls),
+            wallMax=max(walls),
+            startedBeforePullEnd=median(
+                [float(r["phaseDetails"]["engine_start"].get("startedBeforePullEndS", 0.0)) for r in reports]
+            ),
+            pullMBps=median([model_bytes / r["phases"]["pull"] / 1e6 for r in reports]),
+            runs=len(reports),
+        )
+        return out
+
+    summary = {mode: row(runs[mode]) for mode in OVERLAP_MODES}
+    checks = {
+        "everyStartPulledFromS3": all(r["phaseDetails"]["pull"]["source"] == "s3" for m in runs.values() for r in m),
+        "overlapRunsOverlapped": all(r["phaseDetails"]["engine_start"].get("overlap") is True for r in runs["overlap"]),
+        "sequentialRunsDidNot": all(
+            r["phaseDetails"]["engine_start"].get("overlap") is False for r in runs["sequential"]
+        ),
+    }
+    loads = [x for m in runs.values() for r in m for x in r["loadAverage1m"]]
+    result = {
+        "command": "python bench/cold_start.py " + " ".join(sys.argv[1:]),
+        "repeats": args.repeats,
+        "machine": f"{os.cpu_count()} CPUs shared with other work, {platform.python_implementation()} "
+        f"{platform.python_version()}",
+        "loadAverage1m": {"min": min(loads), "median": median(loads), "max": max(loads)},
+        "model": {
+            "layers": args.layers,
+            "hidden": args.hidden,
+            "vocab": args.vocab,
+            "shards": args.shards,
+            "bytes": model_bytes,
+        },
+        "server": "SeaweedFS (weed server -s3) on loopback",
+        "checks": checks,
+        "summary": summary,
+        "ratioSequentialOverOverlap": summary["sequential"]["total"] / summary["overlap"]["total"],
+        "ratioSequentialOverOverlapWall": summary["sequential"]["wall"] / summary["overlap"]["wall"],
+        "baselines": {
+            "bareEngineSeconds": {"median": median(bare), "runs": bare},
+            "serverCeilingMBps": {"median": median(ceilings), "runs": ceilings},
+        },
+        "runs": runs,
+    }
+    write_overlap_results(result, args.out)
+    print(json.dumps(summary, indent=2))
+    print(json.dumps(checks))
+    if not all(checks.values()):
+        sys.exit("a run did not take the path it names; see checks")
+
+
+def write_overlap_results(result: dict[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "cold_start.json").write_text(json.dumps(result, indent=2) + "\n")
+    s, b, m = result["summary"], result["baselines"], result["model"]
+    load = result["loadAverage1m"]
+    lines = [
+        "# Cold start: the engine started before the pull ends (overlap) vs after it",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"Model: {m['bytes'] / 1e9:.2f} GB of float32 safetensors in {m['shards']} shards (random weights, "
+        f"{m['layers']} layers, hidden {m['hidden']}, vocab {m['vocab']}). Reference engine on CPU (eager), "
+        f"{result['server']}. Every start is cold (an empty node cache, artifacts off); the two modes "
+        f"alternate run by run, the order flipping each repeat; {result['repeats']} runs each; medians in seconds.",
+        "",
+        "| mode | pull | engine_start (past the pull's end) | first_ready | **total** (launch to first token) "
+        "| min-max total | wall (process spawn to first token) | engine started before the pull ended | pull MB/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode in OVERLAP_MODES:
+        r = s[mode]
+        lines.append(
+            f"| {mode} | {r['pull']:.2f} | {r['engine_start']:.2f} | {r['first_ready']:.2f} | **{r['total']:.2f}** | "
+            f"{r['totalMin']:.2f}-{r['totalMax']:.2f} | {r['wall']:.2f} | {r['startedBeforePullEnd']:.2f} | "
+            f"{r['pullMBps']:.0f} |"
+        )
+    lines += [
+        "",
+        f"**Sequential / overlap: {result['ratioSequentialOverOverlap']:.2f}x** on the launcher's total "
+        f"({result['ratioSequentialOverOverlapWall']:.2f}x on the external wall clock).",
+        "",
+        "Baselines, same run:",
+        "",
+        f"- **bare engine** (`kvfleet engine serve --compile off` on a complete local copy, spawn to first "
+        f"token, no launcher, no pull): median {b['bareEngineSeconds']['median']:.2f} s "
+        f"(runs {', '.join(f'{x:.2f}' for x in b['bareEngineSeconds']['runs'])}).",
+        f"- **the server's ceiling** (every shard read at once, one plain GET each, bytes discarded): median "
+        f"{b['serverCeilingMBps']['median']:.0f} MB/s.",
+        "",
+        "How to read it: with overlap the engine process starts with the launch, imports torch and waits on the "
+        "folder the pull fills (kvfleet.weight_stream); each shard appears there once its sha256 matched, and the "
+        "engine loads it while later shards download. `engine_start` is then only the engine's time past the "
+        "pull's end (the phases still add up to launch-to-first-token); without overlap it is the whole engine "
+        "start. The best overlap can do is max(pull, engine start) instead of their sum.",
+        "",
+        f"Noise: {result['machine']}; 1-minute load average during the runs {load['min']:.1f}-{load['max']:.1f} "
+        f"(median {load['median']:.1f}) on 2 cores, other engineers' builds and tests running beside it. "
+        "Absolute seconds move between runs; read the ratio and the min-max column.",
+        "",
+        "![cold start with and without overlap](cold_start.png)",
+        "",
+    ]
+    (out_dir / "cold_start.md").write_text("\n".join(lines))
+    plot_overlap(s, b["bareEngineSeconds"]["median"], out_dir / "cold_start.png")
+
+
+def plot_overlap(summary: dict[str, dict[str, Any]], bare: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3))
+    left = [0.0] * len(OVERLAP_MODES)
+    for phase in OVERLAP_PHASES:
+        widths = [summary[m][phase] for m in OVERLAP_MODES]
+        ax.barh(list(OVERLAP_MODES), widths, left=left, label=phase)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.axvline(bare, color="black", linestyle="--", label="bare engine (no pull)")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (median), launch to first token, cold node cache")
+    ax.set_title("engine started during the pull (overlap) vs after it")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def client_for(server: SeaweedS3, work: Path) -> Any:
+    creds = work / "creds"
+    creds.mkdir(exist_ok=True)
+    (creds / "AWS_ACCESS_KEY_ID").write_text(server.access_key)
+    (creds / "AWS_SECRET_ACCESS_KEY").write_text(server.secret_key)
+    settings = S3Settings(endpoint_url=server.endpoint_url, region=server.region, credentials_dir=creds)
+    return make_client(settings, max_pool_connections=16)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=["overlap", "artifacts"], default="overlap")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--hidden", type=int, default=1536)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--shards", type=int, default=4, help="overlap mode: safetensors files of the model")
     parser.add_argument("--compile-mode", choices=["dynamic", "static"], default="dynamic")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = parser.parse_args()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
     work = Path(tempfile.mkdtemp(prefix="kvfleet-bench-coldstart-"))
-    from kvfleet.weight_cache.signing import generate_key_pair, public_pem
-
-    ARTIFACT_KEYS["private"] = work / "artifact-signing.pem"
-    ARTIFACT_KEYS["public"] = work / "artifact-keys.pem"
-    ARTIFACT_KEYS["public"].write_text(public_pem(generate_key_pair(ARTIFACT_KEYS["private"]).public_key()))
-    port = pick_free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
     try:
-        print("building the model ...", flush=True)
-        sizes = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "heads": args.heads}
-        model = make_tiny_model(work / "model", kv_heads=args.kv_heads, **sizes)
-        weights = model / "model.safetensors"
-        model_bytes = sum(p.stat().st_size for p in model.iterdir())
-        creds = work / "creds"
-        creds.mkdir()
-        (creds / "AWS_ACCESS_KEY_ID").write_text(ACCESS_KEY)
-        (creds / "AWS_SECRET_ACCESS_KEY").write_text(SECRET_KEY)
-        client = make_client(S3Settings(endpoint_url=endpoint, region="us-east-1", credentials_dir=creds))
-        bucket = f"bench-{uuid.uuid4().hex[:8]}"
-        client.create_bucket(Bucket=bucket)
-        populate(client, model, f"s3://{bucket}/models/bench")
-        ceiling_s, ceiling_bytes = s3_ceiling(client, bucket, "models/bench/model.safetensors")
-
-        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SCENARIOS}
-        bare_runs: list[float] = []
-        bare_cold_runs: list[float] = []
-        bare_eager_runs: list[float] = []
-        compile_args = ["--compile", "on", "--compile-mode", args.compile_mode]
-        for repeat in range(args.repeats):
-            node = work / f"node-{repeat}"
-
-            def spec(prefix: str) -> dict[str, Any]:
-                return {
-                    "name": "bench",
-                    "servedName": "bench",
-                    "spec": {
-                        "model": {"uri": f"s3://{bucket}/models/bench"},
-                        "engine": {"kind": "reference", "maxModelLen": 256, "extraArgs": compile_args},
-                        "resources": {"gpus": 0},
-                        "cache": {"bucket": bucket, "artifacts": {"enabled": True, "prefix": prefix}},
-                    },
-                }
-
-            # A fresh artifacts prefix per repeat: its cold run misses and pushes, the later ones hit.
-            prefix = f"artifacts-{repeat}/"
-            print(f"repeat {repeat + 1}/{args.repeats}: cold", flush=True)
-            runs["cold"].append(run_launcher(spec(prefix), node, endpoint, work, wait_push=True))
-            shutil.rmtree(node / "artifacts")
-            print(f"repeat {repeat + 1}/{args.repeats}: node-warm", flush=True)
-            runs["node-warm"].append(run_launcher(spec(f"empty-{repeat}/"), node, endpoint, work, wait_push=True))
-            shutil.rmtree(node / "artifacts")
-            print(f"repeat {repeat + 1}/{args.repeats}: artifacts-warm", flush=True)
-            runs["artifacts-warm"].append(run_launcher(spec(prefix), node, endpoint, work, wait_push=False))
-            print(f"repeat {repeat + 1}/{args.repeats}: all-warm", flush=True)
-            runs["all-warm"].append(run_launcher(spec(prefix), node, endpoint, work, wait_push=False))
-            print(f"repeat {repeat + 1}/{args.repeats}: bare engine (cold compile, then warm)", flush=True)
-            bare_cache = work / f"bare-cache-{repeat}"
-            bare_cold_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
-            bare_runs.append(run_bare_engine(model, work, compile_args, bare_cache))
-            bare_eager_runs.append(run_bare_engine(model, work, ["--compile", "off"], None))
-            for name in SCENARIOS:
-                r = runs[name][-1]
-                print(
-                    f"  {name:15s} total {r['totalSeconds']:.2f}s "
-                    + " ".join(f"{p}={r['phases'][p]:.2f}" for p in PHASES),
-                    flush=True,
-                )
-            print(
-                f"  bare engine     warm cache {bare_runs[-1]:.2f}s, cold compile {bare_cold_runs[-1]:.2f}s, "
-                f"eager {bare_eager_runs[-1]:.2f}s",
-                flush=True,
-            )
-
-        checks = {
-            "coldPulledFromS3": all(r["phaseDetails"]["pull"]["source"] == "s3" for r in runs["cold"]),
-            "warmWeightsFromNode": all(
-                r["phaseDetails"]["pull"]["source"] == "node-cache" for s in SCENARIOS[1:] for r in runs[s]
-            ),
-            "coldArtifactsMissedAndPushed": all(
-                r["phaseDetails"]["artifacts"]["source"] == "miss" and r["artifactsPushed"] for r in runs["cold"]
-            ),
-            "artifactsWarmFromBucket": all(
-                r["phaseDetails"]["artifacts"]["source"] == "bucket" for r in runs["artifacts-warm"]
-            ),
-            "allWarmFromNode": all(r["phaseDetails"]["artifacts"]["source"] == "node-cache" for r in runs["all-warm"]),
-            "compiledEveryStart": all(compile_s(r) > 0 for s in SCENARIOS for r in runs[s]),
-            "compileCacheHitWhenRestored": all(
-                r["phaseDetails"]["engine_start"].get("compileCacheHit")
-                for s in ("artifacts-warm", "all-warm")
-                for r in runs[s]
-            ),
-        }
-        artifact_sizes = [r["phaseDetails"]["artifacts"].get("sizeBytes", 0) for r in runs["artifacts-warm"]]
-        result = {
-            "command": "python bench/cold_start.py " + " ".join(sys.argv[1:]),
-            "repeats": args.repeats,
-            "machine": f"{os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}",
-            "model": {
-                "layers": args.layers,
-                "hidden": args.hidden,
-                "vocab": args.vocab,
-                "bytes": model_bytes,
-                # float32 weights: four bytes a parameter.
-                "params": weights.stat().st_size // 4,
-            },
-            "checks": checks,
-            "summary": summarise(runs),
-            "compileArgs": compile_args,
-            "artifactBytes": median([float(x) for x in artifact_sizes]),
-            "decisions": [r["phaseDetails"]["artifacts"].get("reason", "") for r in runs["artifacts-warm"]],
-            "baselines": {
-                "bareEngineSeconds": {"median": median(bare_runs), "runs": bare_runs},
-                "bareColdCompileSeconds": {"median": median(bare_cold_runs), "runs": bare_cold_runs},
-                "bareEagerSeconds": {"median": median(bare_eager_runs), "runs": bare_eager_runs},
-                "s3CeilingSeconds": ceiling_s,
-                "s3CeilingBytes": ceiling_bytes,
-                "s3CeilingMBps": ceiling_bytes / ceiling_s / 1e6,
-            },
-            "nodeCacheCheck": {
-                name: {
-                    "seconds": median([float(r["phaseDetails"]["pull"].get("verifySeconds", 0.0)) for r in runs[name]]),
-                    "mode": runs[name][0]["phaseDetails"]["pull"].get("verify"),
-                    "hashedBytes": runs[name][0]["phaseDetails"]["pull"].get("hashedBytes", 0),
-                }
-                for name in SCENARIOS[1:]
-            },
-            "runs": runs,
-        }
-        write_results(result, args.out)
-        print(json.dumps(result["summary"], indent=2))
-        print(json.dumps(checks))
-        if not all(checks.values()):
-            sys.exit("a scenario did not take the cache path it names; see checks")
+        with seaweedfs_s3_server(work / "seaweedfs") as server:
+            if args.mode == "overlap":
+                run_overlap_mode(args, server, work)
+            else:
+                run_artifacts_mode(args, server, work)
     finally:
-        server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 

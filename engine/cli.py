@@ -23,8 +23,9 @@ def engine() -> None:
     "--model",
     "model_dir",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Hugging Face model folder (config.json, *.safetensors, tokenizer.json).",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Hugging Face model folder (config.json, *.safetensors, tokenizer.json); with "
+    "--weights-arrival-timeout-s, the folder a weight pull is still filling (it may not exist yet).",
 )
 @click.option(
     "--host",
@@ -149,6 +150,13 @@ def engine() -> None:
     help='vLLM\'s KV-cache events as JSON, e.g. {"enable_kv_cache_events": true, "publisher": "zmq", '
     '"endpoint": "tcp://*:5557"}: ZeroMQ PUB batches of BlockStored/BlockRemoved the router subscribes to.',
 )
+@click.option(
+    "--weights-arrival-timeout-s",
+    type=click.FloatRange(0, 86_400, min_open=True),
+    default=None,
+    help="Load each shard as the weight pull verifies it into --model, while later ones still download; "
+    "fail when a file does not arrive within this many seconds of the previous one.",
+)
 def serve(
     model_dir: Path,
     host: str,
@@ -175,6 +183,7 @@ def serve(
     async_scheduling: str,
     decode_attention: str,
     kv_events_config: str | None,
+    weights_arrival_timeout_s: float | None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
     from kvfleet.engine.extras import require_engine_extra
@@ -185,6 +194,8 @@ def serve(
     from kvfleet.engine.settings import EngineSettings, ServerSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if weights_arrival_timeout_s is None and not model_dir.is_dir():
+        raise click.BadParameter(f"{model_dir} is not a directory", param_hint="--model")
     try:
         try:
             sizes = tuple(int(n) for n in compile_sizes.split(",") if n.strip())
@@ -211,6 +222,7 @@ def serve(
             async_scheduling=async_scheduling,  # type: ignore[arg-type]
             decode_attention=decode_attention,  # type: ignore[arg-type]
             kv_events=KVEventsConfig.from_json(kv_events_config) if kv_events_config else KVEventsConfig(),
+            weights_arrival_timeout_s=weights_arrival_timeout_s,
         )
         server_settings = ServerSettings(
             host=host, port=port, served_model_name=served_model_name, drain_timeout_s=drain_timeout_s
@@ -236,6 +248,9 @@ def serve(
     is_flag=True,
     help="Generate only whole words, so any output re-tokenizes exactly (stream continuation tests).",
 )
+@click.option(
+    "--shards", default=1, show_default=True, type=click.IntRange(1, 999), help="Safetensors files (with an index)."
+)
 @click.option("--overwrite", is_flag=True, help="Replace PATH if it exists.")
 def make_tiny_model_command(
     path: Path,
@@ -249,6 +264,7 @@ def make_tiny_model_command(
     tie_word_embeddings: bool,
     seed: int,
     words_only: bool,
+    shards: int,
     overwrite: bool,
 ) -> None:
     """Write a random-weight Llama model with a locally trained tokenizer to PATH."""
@@ -271,6 +287,7 @@ def make_tiny_model_command(
             tie_word_embeddings=tie_word_embeddings,
             seed=seed,
             words_only=words_only,
+            shards=shards,
         )
     except (ValueError, FileExistsError) as e:
         raise click.UsageError(str(e)) from e

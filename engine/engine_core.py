@@ -24,6 +24,7 @@ previous launch's outputs.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,7 @@ from kvfleet.engine.artifacts_ready import mark_artifacts_ready
 from kvfleet.engine.block_pool import BlockPool, root_hash
 from kvfleet.engine.compiled_forward import compile_model
 from kvfleet.engine.device import resolve_device, resolve_dtype
-from kvfleet.engine.errors import PromptTooLongError
+from kvfleet.engine.errors import ModelLoadError, PromptTooLongError
 from kvfleet.engine.kv_cache_manager import KVCacheManager, pool_size_blocks
 from kvfleet.engine.kv_events import ZmqEventPublisher
 from kvfleet.engine.metrics import EngineMetrics
@@ -49,6 +50,7 @@ from kvfleet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvfleet.engine.sequence import Sequence
 from kvfleet.engine.settings import EngineSettings
 from kvfleet.engine.tokenizer import ModelTokenizer
+from kvfleet.weight_stream import StreamError, StreamReader
 
 log = logging.getLogger(__name__)
 
@@ -263,16 +265,31 @@ def load_engine_core(
     model_id: str,
     metrics: EngineMetrics | None = None,
     clock: Callable[[], float] = time.monotonic,
+    stopping: threading.Event | None = None,
 ) -> EngineCore:
-    """Load weights and tokenizer from a Hugging Face folder onto the chosen device."""
+    """Load weights and tokenizer from a Hugging Face folder onto the chosen device.
+
+    With ``settings.weights_arrival_timeout_s`` the folder is one the weight pull is still filling
+    (kvfleet.weight_stream): the small files are waited for first, then each shard is loaded as it
+    lands, verified, while later ones still download; a file that does not come in time fails the
+    load naming it, and ``stopping`` (set when the engine is told to stop) ends a wait at once."""
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
+    arrivals = None
+    runtime_dir = settings.artifacts_dir if settings.runtime_weights_artifact else None
+    if settings.weights_arrival_timeout_s is not None:
+        stop = stopping or threading.Event()
+        arrivals = StreamReader(model_dir, settings.weights_arrival_timeout_s, stopped=stop.is_set)
+        try:
+            # Runtime artifacts are keyed by every weight file's identity: wait for all of them then.
+            arrivals.wait_for_all(exclude_suffix=None if runtime_dir is not None else ".safetensors")
+        except StreamError as e:
+            raise ModelLoadError(str(e)) from e
     config = load_model_config(model_dir)
     device = resolve_device(settings.device, torch.cuda.is_available())
     dtype = resolve_dtype(settings.dtype, device, config.torch_dtype)
     tokenizer = ModelTokenizer.from_dir(model_dir, config.eos_token_ids)
-    runtime_dir = settings.artifacts_dir if settings.runtime_weights_artifact else None
-    model, saving = load_model(config, model_dir, device, dtype, runtime_dir)
+    model, saving = load_model(config, model_dir, device, dtype, runtime_dir, arrivals)
     log.info("loaded %s on %s as %s", model_dir, device, dtype)
     compiled = None
     if settings.compile_enabled(device.type):

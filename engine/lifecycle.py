@@ -5,9 +5,11 @@ requests finish, exit 0; a second signal exits at once. The HTTP handlers live i
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +45,18 @@ async def serve(model_dir: Path, engine_settings: EngineSettings, server_setting
         loop.add_signal_handler(signum, on_signal, signum)
 
     engine: AsyncEngine | None = None
+    # Set on a stop while loading: a load waiting for shards a pull still fetches gives up at once.
+    stopping = threading.Event()
     try:
         load: asyncio.Future[EngineCore] = loop.run_in_executor(
-            None, load_engine_core, model_dir, engine_settings, served, metrics
+            None, functools.partial(load_engine_core, model_dir, engine_settings, served, metrics, stopping=stopping)
         )
         stopped: asyncio.Future[bool] = asyncio.ensure_future(stop.wait())
         waiters: list[asyncio.Future[Any]] = [load, stopped]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         if not load.done():
             stopped.cancel()
+            stopping.set()
             return 0  # stopped while loading: nothing in flight to drain
         stopped.cancel()
         try:

@@ -33,6 +33,7 @@ from kvfleet.engine.forward_pieces import EagerPieces
 from kvfleet.engine.model import Layer, LlamaModel
 from kvfleet.engine.model_config import ModelConfig
 from kvfleet.engine.weights import load_state_dict, weight_files
+from kvfleet.weight_stream import StreamReader
 
 log = logging.getLogger(__name__)
 
@@ -130,16 +131,22 @@ def _load(directory: Path, identity: dict[str, Any], config: ModelConfig, device
 
 
 def load_model(
-    config: ModelConfig, model_dir: Path, device: torch.device, dtype: torch.dtype, artifacts_dir: Path | None
+    config: ModelConfig,
+    model_dir: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    artifacts_dir: Path | None,
+    arrivals: StreamReader | None = None,
 ) -> tuple[LlamaModel, threading.Thread | None]:
     """Load from runtime artifacts when valid ones exist; otherwise from the checkpoint, then save
-    them (the thread doing so is returned, None when nothing is being saved)."""
+    them (the thread doing so is returned, None when nothing is being saved). ``arrivals``: the
+    checkpoint's folder is still being filled by the pull (kvfleet.weight_stream)."""
     if artifacts_dir is None:
-        return LlamaModel(config, load_state_dict(model_dir), device, dtype), None
+        return LlamaModel(config, load_state_dict(model_dir, arrivals), device, dtype), None
     identity = source_identity(model_dir, dtype, device)
     model = _load(artifacts_dir, identity, config, device)
     if model is not None:
         log.info("loaded runtime artifact from %s", artifacts_dir)
         return model, None
-    model = LlamaModel(config, load_state_dict(model_dir), device, dtype)
+    model = LlamaModel(config, load_state_dict(model_dir, arrivals), device, dtype)
     return model, save_in_background(model, artifacts_dir, identity)

@@ -81,6 +81,10 @@ class EngineSettings:
     decode_attention: DecodeAttentionChoice = "auto"
     # vLLM's --kv-events-config: publish the prefix cache's stored/evicted blocks (kv_events.py).
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    # Set: the model folder is still being filled by a weight pull (kvfleet.weight_stream); shards
+    # load as they land, and a file that does not come within this many seconds of the previous
+    # wait fails the load. None: the folder is complete.
+    weights_arrival_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         self.kv_events.validate()
@@ -100,6 +104,11 @@ class EngineSettings:
         _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
         _require(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", "unknown dtype")
         _require(0 < self.idle_poll_s <= 5, "idle_poll_s", "must be in (0, 5]")
+        _require(
+            self.weights_arrival_timeout_s is None or 0 < self.weights_arrival_timeout_s <= 86_400,
+            "weights_arrival_timeout_s",
+            "must be in (0, 86400] seconds, or unset",
+        )
         _require(0 <= self.torch_threads <= 1024, "torch_threads", "must be in [0, 1024]")
         _require(self.compile in ("auto", "on", "off"), "compile", "must be auto, on or off")
         _require(self.compile_mode in ("dynamic", "static"), "compile_mode", "must be dynamic or static")

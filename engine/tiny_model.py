@@ -46,6 +46,9 @@ class TinyModelSpec:
     # were generated, so a continuation from the text (stream migration) is exact. Off: any token,
     # byte fragments included, as a random model of a real tokenizer emits.
     words_only: bool = False
+    # Safetensors files the weights are split into (with model.safetensors.index.json when > 1),
+    # as Hugging Face shards a large checkpoint: contiguous runs of tensors of about equal bytes.
+    shards: int = 1
 
     def __post_init__(self) -> None:
         if self.layers < 1 or self.hidden < 8 or self.heads < 1 or self.kv_heads < 1:
@@ -54,6 +57,8 @@ class TinyModelSpec:
             raise ValueError("hidden must split into heads of even size, and heads must be a multiple of kv_heads")
         if self.vocab < 300:
             raise ValueError("vocab must be >= 300 (256 byte tokens plus special tokens and merges)")
+        if not 1 <= self.shards <= 999:
+            raise ValueError("shards must be in [1, 999]")
         if self.words_only and self.tie_word_embeddings:
             raise ValueError("words_only needs an untied lm_head (its rows of other tokens are zeroed)")
 
@@ -160,12 +165,36 @@ def _config(spec: TinyModelSpec, eos_ids: list[int]) -> dict[str, object]:
     }
 
 
+def _save_weights(state: dict[str, torch.Tensor], folder: Path, shards: int) -> None:
+    """``model.safetensors``, or ``shards`` files of contiguous tensors of about equal bytes and
+    the index that maps each tensor to its file (Hugging Face's sharded layout)."""
+    if shards == 1:
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return
+    names = list(state)
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    groups: list[list[str]] = [[] for _ in range(shards)]
+    seen = 0
+    for name in names:
+        size = state[name].numel() * state[name].element_size()
+        groups[min(shards - 1, seen * shards // max(1, total))].append(name)
+        seen += size
+    groups = [g for g in groups if g]
+    weight_map: dict[str, str] = {}
+    for i, group in enumerate(groups, start=1):
+        file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        save_file({n: state[n] for n in group}, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(group, file))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
 def make_tiny_model(path: Path | str, *, overwrite: bool = False, **kwargs: int | bool) -> Path:
     """Write a random-weight model folder at ``path`` and return it.
 
     Keyword arguments are :class:`TinyModelSpec` fields (``layers``, ``hidden``, ``vocab``,
     ``heads``, ``kv_heads``, ``intermediate``, ``max_position_embeddings``,
-    ``tie_word_embeddings``, ``seed``, ``words_only``). The folder appears whole or not at all.
+    ``tie_word_embeddings``, ``seed``, ``words_only``, ``shards``). The folder appears whole or not at all.
     """
     spec = TinyModelSpec(**kwargs)  # type: ignore[arg-type]
     target = Path(path)
@@ -181,7 +210,7 @@ def make_tiny_model(path: Path | str, *, overwrite: bool = False, **kwargs: int 
     try:
         tokenizer.save(str(staging / "tokenizer.json"))
         generable = word_token_ids(tokenizer) if spec.words_only else None
-        save_file(_random_state(spec, generable), str(staging / "model.safetensors"), metadata={"format": "pt"})
+        _save_weights(_random_state(spec, generable), staging, spec.shards)
         config = _config(spec, [int(e) for e in eos_ids if e is not None])
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         tokenizer_config = {

@@ -92,6 +92,13 @@ class CacheWeights:
         self._settings = settings
 
     def pull(self, launch: LaunchSpec, progress: TransferProgress) -> PulledWeights:
+        return self._pull(launch, progress, None)
+
+    def pull_streaming(self, launch: LaunchSpec, progress: TransferProgress, stream_link: Path) -> PulledWeights:
+        """As ``pull``, while ``stream_link`` fills with each file the moment its sha256 matched."""
+        return self._pull(launch, progress, stream_link)
+
+    def _pull(self, launch: LaunchSpec, progress: TransferProgress, stream_link: Path | None) -> PulledWeights:
         spec = launch.spec
         location = weights_location(spec)
         settings = self._settings or PullSettings(
@@ -107,6 +114,7 @@ class CacheWeights:
                 client=self._client,
                 progress=progress,
                 expected_digest=launch.pinned_digest,
+                stream_link=stream_link,
             )
         except DigestMismatchError as e:
             # Refused on the manifest, before a byte of the other weights was fetched or loaded.

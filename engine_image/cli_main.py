@@ -60,6 +60,8 @@ def main(
     metrics_port: int,
     metrics_host: str,
     ready_timeout_s: float,
+    overlap_pull: bool = True,
+    vllm_load_format: str | None = None,
 ) -> int:
     """Run one launch; returns the exit code (the engine's, or 2/3 for the launcher's failures)."""
     _configure_logging()
@@ -72,6 +74,8 @@ def main(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             readiness=ReadinessSettings(ready_timeout_s=ready_timeout_s),
+            overlap_pull=overlap_pull,
+            vllm_load_format=vllm_load_format,
         )
         launch = load_launch_spec(settings.spec_path)
         launcher = Launcher(launch, settings, default_deps(launch, settings))

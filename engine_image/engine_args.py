@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from kvfleet import contracts
 from kvfleet.spec import EngineSpec, InferenceDeploymentSpec
@@ -36,6 +37,11 @@ REFERENCE_COMPILE_REPORT = "compile-start.json"
 
 # SGLang names fp8 KV caches by their exact format; "fp8" means e4m3 in vLLM's convention too.
 SGLANG_KV_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+# The load formats the launcher renders: both read complete files from the node cache after their
+# sha256 matched. Streaming from s3:// (runai_streamer's other mode) would skip that check: never.
+VllmLoadFormat = Literal["safetensors", "runai_streamer"]
 
 
 class RenderError(ValueError):
@@ -91,6 +97,15 @@ class RenderInputs:
     kv_events_port: int = contracts.KV_EVENTS_PORT
     # Where the events socket binds: every interface in a pod, loopback in local mode.
     kv_events_host: str = "*"
+    # Set: the model folder is still being filled by the weight pull (kvfleet.weight_stream); the
+    # reference engine loads shards as they land and waits this long for each next file.
+    weights_arrival_timeout_s: float | None = None
+    # vLLM's --load-format: None leaves vLLM's "auto" (its safetensors loader on the complete, verified
+    # files in the node cache); "runai_streamer" reads those same local files with Run:ai's
+    # streamer, many reads in flight (faster where the disk serves parallel reads: NVMe).
+    vllm_load_format: VllmLoadFormat | None = None
+    # Files the streamer reads at once (its "concurrency"); vLLM's own default is 16.
+    vllm_streamer_concurrency: int = 16
 
 
 @dataclass(frozen=True)
@@ -208,6 +223,11 @@ def render_vllm(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCo
         # vLLM aborts every in-flight request on SIGTERM unless given a shutdown timeout (its
         # default is 0); with one it finishes them first, up to that many whole seconds.
         argv += ["--shutdown-timeout", str(math.ceil(inputs.drain_timeout_s))]
+    if inputs.vllm_load_format is not None and not _flag_given(engine.extra_args, "--load-format"):
+        argv += ["--load-format", inputs.vllm_load_format]
+        if inputs.vllm_load_format == "runai_streamer":
+            config = {"concurrency": inputs.vllm_streamer_concurrency}
+            argv += ["--model-loader-extra-config", json.dumps(config, separators=(",", ":"))]
     events, event_notes = _kv_events_args(spec, inputs)
     argv += events
     notes += event_notes
@@ -316,6 +336,8 @@ def render_reference(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> Eng
         argv += ["--drain-timeout", f"{inputs.drain_timeout_s:g}"]
     if inputs.artifacts_dir is not None:
         argv += ["--artifacts-dir", str(inputs.artifacts_dir / REFERENCE_ARTIFACTS_SUBDIR)]
+    if inputs.weights_arrival_timeout_s is not None:
+        argv += ["--weights-arrival-timeout-s", f"{inputs.weights_arrival_timeout_s:g}"]
     events, notes = _kv_events_args(spec, inputs)
     argv += events
     if spec.resources.gpus >= 1 and engine.gpu_memory_utilization != 0.9:

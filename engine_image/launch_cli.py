@@ -40,6 +40,18 @@ from kvfleet.engine.cli import engine as engine_commands
     show_default=True,
     help="Longest wait for the engine's /health to answer 200.",
 )
+@click.option(
+    "--overlap-pull/--no-overlap-pull",
+    default=True,
+    show_default=True,
+    help="Start the reference engine while the weights are pulled; it loads each verified shard as it lands.",
+)
+@click.option(
+    "--vllm-load-format",
+    type=click.Choice(["safetensors", "runai_streamer"]),
+    default=None,
+    help="vLLM's --load-format on the node cache's verified files [default: vLLM's own choice].",
+)
 def launch(
     spec_path: Path,
     node_cache_dir: Path | None,
@@ -47,6 +59,8 @@ def launch(
     metrics_port: int,
     metrics_host: str,
     ready_timeout_s: float,
+    overlap_pull: bool,
+    vllm_load_format: str | None,
 ) -> None:
     """Pull weights and artifacts, start the engine, measure the cold start, supervise the engine.
 
@@ -63,6 +77,8 @@ def launch(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             ready_timeout_s=ready_timeout_s,
+            overlap_pull=overlap_pull,
+            vllm_load_format=vllm_load_format,
         )
     )
 

@@ -3,7 +3,7 @@
 ``Launcher.run`` walks the phases in order (pull, artifacts, engine_start, first_ready), records
 each one, then supervises the engine until it exits and returns the exit code the process should
 end with. Everything it talks to is injected (:class:`LaunchDeps`), so tests run it against
-moto's S3 server and a real reference engine without patching anything.
+the real S3 server (SeaweedFS) and a real reference engine without patching anything.
 
 The rooms it walks through live beside it: the artifact steps (``artifact_steps``: restore, trust,
 the fetch-or-rebuild decision, the push), the engine process (``supervisor``), readiness
@@ -18,14 +18,16 @@ import contextlib
 import dataclasses
 import functools
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 import aiohttp
 from aiohttp import web
@@ -43,10 +45,11 @@ from .events import log, log_event
 from .launch_spec import LaunchSpec
 from .metrics_server import ColdStartMetrics, make_app, start_metrics_server
 from .model_pin import pin_refusal, read_pin
+from .overlap import OverlapDecision, decide_overlap
 from .phases import Clock, PhaseRecord, PhaseRecorder
 from .readiness import serve_first_token, wait_healthy
 from .settings import LauncherSettings
-from .sources import ArtifactStore, PulledWeights, WeightPuller
+from .sources import ArtifactStore, PulledWeights, StreamingWeightPuller, WeightPuller
 from .supervisor import EngineProcess, engine_environment
 
 T = TypeVar("T")
@@ -87,6 +90,8 @@ class Launcher:
         self.metrics.track_pull(self.pull_progress.report)
         self._engine: EngineProcess | None = None
         self._weights: PulledWeights | None = None
+        self._stream_dir: Path | None = None  # holds the engine's link to the pull's stream folder
+        self._pull_done = False
         self._stop_signal: int | None = None
         self._task: asyncio.Task[Any] | None = None
         # Blocking work (pull, fetch, push) runs here rather than in asyncio's default executor,
@@ -163,16 +168,22 @@ class Launcher:
         if self._engine is not None:
             log_event("signal_forwarded", signal=signal.Signals(signum).name, pid=self._engine.pid)
             self._engine.send_signal(signum)
+            if self.recorder.current == "pull" and self._task is not None:
+                self._task.cancel()  # the engine started during the pull: abandon the pull too
         elif self._task is not None:
             self._task.cancel()
 
     @property
     def interrupted_before_engine(self) -> bool:
-        return self._stop_signal is not None and self._engine is None
+        """A stop came before the engine existed, or (overlap) while the pull still ran beside it:
+        a pull thread may still be copying bytes, and the process should not wait for it."""
+        return self._stop_signal is not None and (self._engine is None or not self._pull_done)
 
     # -- phases -----------------------------------------------------------------------------
 
-    def _render(self, model_path: Path, artifacts_dir: Path | None) -> EngineCommand:
+    def _render(
+        self, model_path: Path, artifacts_dir: Path | None, *, arrival_timeout_s: float | None = None
+    ) -> EngineCommand:
         inputs = RenderInputs(
             model_path=model_path,
             served_name=self.launch.served_name,
@@ -184,20 +195,26 @@ class Launcher:
             python=sys.executable,
             drain_timeout_s=self.settings.stop.grace_s,
             kv_events_port=self.settings.kv_events_port,
+            weights_arrival_timeout_s=arrival_timeout_s,
+            vllm_load_format=self.settings.vllm_load_format,
         )
         try:
             return self.deps.render(self.launch.spec, inputs)
         except RenderError as e:
             raise SpecError(str(e)) from e
 
-    async def _pull(self) -> PulledWeights:
+    async def _pull(self, stream_link: Path | None = None) -> PulledWeights:
         with self.recorder.phase("pull") as detail:
             # Read at each start: a pin written after this pod was created holds from its next start.
             pinned = await self._in_thread(read_pin, self.settings.pin_path)
             launch = dataclasses.replace(self.launch, pinned_digest=pinned)
             ticker = asyncio.create_task(self._log_pull_progress(), name="pull-progress")
             try:
-                weights = await self._in_thread(self.deps.weights.pull, launch, self.pull_progress)
+                if stream_link is not None:
+                    streaming = cast(StreamingWeightPuller, self.deps.weights)
+                    weights = await self._in_thread(streaming.pull_streaming, launch, self.pull_progress, stream_link)
+                else:
+                    weights = await self._in_thread(self.deps.weights.pull, launch, self.pull_progress)
             finally:
                 ticker.cancel()
                 await asyncio.wait({ticker})  # never raises: a stop of this task still propagates
@@ -207,6 +224,7 @@ class Launcher:
                     weights.release()
                 raise LaunchError("pull", pin_refusal(weights.digest, pinned, self.launch.spec.model.uri))
             self._weights = weights
+            self._pull_done = True
             detail.update(source=weights.source, digest=weights.digest, bytesFetched=weights.bytes_fetched)
             detail.update(pinned=pinned is not None, **weights.check)
         self.metrics.set_cache_hit("node", weights.node_cache_hit)
@@ -229,14 +247,49 @@ class Launcher:
         except OSError as e:
             raise LaunchError("engine_start", f"cannot start {command.argv[0]}: {e.strerror or e}") from e
 
-    async def _run_phases(self, session: aiohttp.ClientSession) -> int:
+    def overlap(self) -> OverlapDecision:
+        """Whether this launch starts the engine while the weights are pulled (overlap.py)."""
+        return decide_overlap(
+            self.launch.spec,
+            enabled=self.settings.overlap_pull and hasattr(self.deps.weights, "pull_streaming"),
+            artifacts_store=self.deps.artifacts is not None,
+        )
+
+    async def _pull_then_start(self) -> tuple[EngineProcess, float]:
+        """The pull, then the engine on the complete model folder; returns it and when it started."""
         weights = await self._pull()
         artifacts_dir = await self._artifacts.restore(weights, lambda: self._render(_DRY_RUN_MODEL, None).argv)
         command = self._render(weights.path, artifacts_dir)
+        started = self.deps.clock()
+        self._engine = engine = await self._start_engine(command)
+        return engine, started
+
+    async def _start_during_pull(self) -> tuple[EngineProcess, float, float]:
+        """The engine at once on a folder the pull fills with verified files, then the pull; returns
+        the engine, when it started and how long before the pull ended. A failed pull stops it."""
+        self._stream_dir = Path(tempfile.mkdtemp(prefix="kvfleet-model-"))
+        link = self._stream_dir / "model"
+        command = self._render(link, None, arrival_timeout_s=self.settings.weights_arrival_timeout_s)
+        started = self.deps.clock()
+        self._engine = engine = await self._start_engine(command)
+        weights = await self._pull(stream_link=link)  # a failure stops the engine in _cleanup
+        ahead = self.deps.clock() - started
+        await self._artifacts.restore(weights, lambda: command.argv)  # off when overlapping: recorded so
+        return engine, started, ahead
+
+    async def _run_phases(self, session: aiohttp.ClientSession) -> int:
+        overlap = self.overlap()
+        log_event("overlap", on=overlap.on, reason=overlap.reason)
+        if overlap.on:
+            engine, started, ahead = await self._start_during_pull()
+        else:
+            engine, started = await self._pull_then_start()
+        # With overlap this phase is the engine's time past the pull's end, so the phases still add
+        # up to launch-to-first-token; startedBeforePullEndS says how much of its start ran hidden.
         with self.recorder.phase("engine_start") as detail:
-            started = self.deps.clock()
-            self._engine = engine = await self._start_engine(command)
-            detail.update(pid=engine.pid)
+            detail.update(pid=engine.pid, overlap=overlap.on)
+            if overlap.on:
+                detail.update(startedBeforePullEndS=round(ahead, 4))
             await wait_healthy(engine, self.settings.engine_url, self.settings.readiness, session)
             detail.update(self._artifacts.compile_detail(self.deps.clock() - started))
         with self.recorder.phase("first_ready"):
@@ -282,6 +335,9 @@ class Launcher:
                 await self._engine.stop(self.settings.stop)
             await self._engine.aclose()
         await self._artifacts.remove_directory()
+        if self._stream_dir is not None:
+            # Only the symlink the engine was started with: the files stay in the node cache.
+            shutil.rmtree(self._stream_dir, ignore_errors=True)
         if self._weights is not None and self._weights.release is not None:
             self._weights.release()
         await runner.cleanup()

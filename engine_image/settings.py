@@ -16,7 +16,7 @@ from kvfleet import contracts
 from kvfleet.weight_cache.settings import ProgressSettings
 
 from .artifact_decision import DecisionSettings
-from .engine_args import ReferenceEngineSizing
+from .engine_args import ReferenceEngineSizing, VllmLoadFormat
 from .model_pin import DEFAULT_PIN_PATH
 from .readiness import ReadinessSettings
 from .supervisor import StopSettings
@@ -72,6 +72,15 @@ class LauncherSettings:
     progress_log_interval_s: float = 10.0
     # The pull's rate window and sampling (what the log, /progress and the operator's message say).
     pull_progress: ProgressSettings = field(default_factory=ProgressSettings)
+    # Start the reference engine while the weights are pulled (overlap.py); it loads each verified
+    # shard as it lands. On: measured faster in docs/benchmarks/cold_start.md.
+    overlap_pull: bool = True
+    # How long the engine waits for the next file of a pull in progress before it fails naming the
+    # file: the node cache's lock timeout, since another pod's pull of the same model may hold it.
+    weights_arrival_timeout_s: float = 3600.0
+    # vLLM's --load-format on the node cache's complete files (engine_args.VllmLoadFormat); None
+    # leaves vLLM's default. Not measured against each other here (no GPU node for vLLM): off.
+    vllm_load_format: VllmLoadFormat | None = None
 
     def __post_init__(self) -> None:
         _port(self.engine_port, "engine_port")
@@ -87,6 +96,8 @@ class LauncherSettings:
             raise ValueError("artifact_push_timeout_s must be in (0, 7200]")
         if not 0.1 <= self.progress_log_interval_s <= 3600:
             raise ValueError("progress_log_interval_s must be in [0.1, 3600]")
+        if not 0 < self.weights_arrival_timeout_s <= 86_400:
+            raise ValueError("weights_arrival_timeout_s must be in (0, 86400]")
 
     @property
     def engine_url(self) -> str:

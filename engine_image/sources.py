@@ -53,6 +53,13 @@ class WeightPuller(Protocol):
     def pull(self, launch: LaunchSpec, progress: TransferProgress) -> PulledWeights: ...
 
 
+class StreamingWeightPuller(WeightPuller, Protocol):
+    """A puller that also fills ``stream_link`` with each file as it is verified, so an engine can
+    load while the pull runs (kvfleet.weight_stream)."""
+
+    def pull_streaming(self, launch: LaunchSpec, progress: TransferProgress, stream_link: Path) -> PulledWeights: ...
+
+
 class ArtifactStore(Protocol):
     """Fingerprinted engine artifacts (compile caches) in the weight cache bucket, with a signed
     copy on the node. Only artifacts signed by a trusted key, for this fingerprint, whose bytes

@@ -26,6 +26,7 @@ from kvfleet.weight_cache.errors import ChecksumMismatchError, DiskFullError, Ma
 from kvfleet.weight_cache.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ManifestFile, digest_of
 from kvfleet.weight_cache.manifest import sha256_file as _sha256_file
 from kvfleet.weight_cache.partial_file import WORK_DIR
+from kvfleet.weight_cache.parts import fetch_rank
 from kvfleet.weight_cache.progress import NullProgress, TransferProgress, throughput_line
 from kvfleet.weight_cache.pull_round import PullRound
 from kvfleet.weight_cache.s3 import S3Client, S3Uri, error_code, get_bytes
@@ -85,6 +86,27 @@ def _already_in_place(entry: ManifestFile, final: Path) -> bool:
     return _sha256_file(final) == entry.sha256
 
 
+class _NotifyingProgress:
+    """Forwards to ``inner``; a file done (verified and renamed into place) is also announced."""
+
+    def __init__(self, inner: TransferProgress, on_verified: Callable[[str], None]) -> None:
+        self._inner = inner
+        self._on_verified = on_verified
+
+    def on_start(self, total_bytes: int, done_bytes: int) -> None:
+        self._inner.on_start(total_bytes, done_bytes)
+
+    def on_bytes(self, count: int) -> None:
+        self._inner.on_bytes(count)
+
+    def on_resumed(self, count: int) -> None:
+        self._inner.on_resumed(count)
+
+    def on_file_done(self, path: str, size_bytes: int) -> None:
+        self._inner.on_file_done(path, size_bytes)
+        self._on_verified(path)
+
+
 def space_shortfall_bytes(need_bytes: int, free_bytes: int) -> int:
     """How many bytes the disk lacks for ``need_bytes`` more (0: it fits). Pure, so the rule reads
     in one place: a pull that cannot fit fails before it writes anything."""
@@ -116,11 +138,15 @@ def pull_to_dir(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     known_good: frozenset[str] = frozenset(),
+    on_verified: Callable[[str], None] | None = None,
 ) -> PullResult:
     """Download the model at ``uri`` into ``dest`` and verify every file against the manifest.
 
     ``known_good``: paths in ``dest`` the caller hashed against this manifest a moment ago (the node
     cache's content check, under the model's lock); they are kept without a second hash.
+    ``on_verified(path)``: called once per file as soon as it is in place in ``dest`` and its sha256
+    matched (files already there first, then each download the moment it is renamed into place),
+    so a reader can load it before the pull ends.
 
     Raises ``DisallowedFileError`` / ``UnsafePathError`` before downloading anything when the
     manifest lists a refused file type or a path that would leave ``dest``; ``ChecksumMismatchError``
@@ -144,9 +170,17 @@ def pull_to_dir(
 
     with ThreadPoolExecutor(max_workers=2) as hashers:
         in_place = list(hashers.map(in_place_now, targets))
-    todo = [pair for pair, done in zip(targets, in_place, strict=True) if not done]
+    todo = sorted(
+        (pair for pair, done in zip(targets, in_place, strict=True) if not done),
+        key=lambda pair: fetch_rank(pair[0].path),
+    )
     reused_bytes = sum(entry.size_bytes for (entry, _), done in zip(targets, in_place, strict=True) if done)
     progress.on_start(manifest.total_bytes, reused_bytes)
+    if on_verified is not None:
+        for (entry, _), done in zip(targets, in_place, strict=True):
+            if done:
+                on_verified(entry.path)
+        progress = _NotifyingProgress(progress, on_verified)
 
     work = dest / WORK_DIR
     need = sum(entry.size_bytes for entry, _ in todo) - _bytes_on_disk(work)

@@ -10,6 +10,8 @@ Layout under the root::
     locks/<digest>.lock    flock: held while pulling, leasing or evicting that model
     locks/evict.lock       flock: one eviction decision at a time
     leases/<digest>/       one file per process using the model
+    streams/<digest>/      hardlinks to the files verified so far, for an engine that loads while
+                           the pull runs (kvfleet.weight_stream); removed with the model
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class NodeCache:
         self.settings = settings or NodeCacheSettings()
         self.clock = clock
         self.sleep = sleep
-        for sub in ("models", "staging", "meta", "locks", "leases", "trash"):
+        for sub in ("models", "staging", "meta", "locks", "leases", "streams", "trash"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
     def model_path(self, digest: str) -> Path:
@@ -93,6 +95,9 @@ class NodeCache:
 
     def staging_path(self, digest: str) -> Path:
         return self.root / "staging" / _check_digest(digest)
+
+    def stream_path(self, digest: str) -> Path:
+        return self.root / "streams" / _check_digest(digest)
 
     def _meta_path(self, digest: str) -> Path:
         return self.root / "meta" / f"{_check_digest(digest)}.json"
@@ -310,7 +315,11 @@ class NodeCache:
                 return False
             # Rename first: a reader never sees a half-deleted model under models/.
             token = uuid.uuid4().hex[:8]
-            for kind, source in (("model", self.model_path(digest)), ("staging", self.staging_path(digest))):
+            for kind, source in (
+                ("model", self.model_path(digest)),
+                ("staging", self.staging_path(digest)),
+                ("stream", self.stream_path(digest)),
+            ):
                 if source.exists():
                     os.replace(source, self.root / "trash" / f"{digest}-{kind}-{token}")
             self._meta_path(digest).unlink(missing_ok=True)

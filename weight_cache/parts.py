@@ -34,3 +34,13 @@ def plan_parts(size_bytes: int, part_size_bytes: int) -> tuple[Part, ...]:
 def backoff_s(attempt: int, settings: PullSettings) -> float:
     """Delay before retry number ``attempt`` (1-based): exponential, capped."""
     return float(min(settings.retry_backoff_max_s, settings.retry_backoff_s * 2 ** (attempt - 1)))
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def fetch_rank(path: str) -> tuple[bool, str]:
+    """The order files are fetched in: the small files an engine reads first (config, tokenizer,
+    the shard index), then the weights in name order, the order loaders read shards in; so an
+    engine that loads as files land (kvfleet.weight_stream) waits as little as possible."""
+    return (path.endswith(WEIGHT_SUFFIXES), path)

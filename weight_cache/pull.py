@@ -3,6 +3,7 @@ there), and hold a lease on it for as long as the caller uses it."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -20,6 +21,7 @@ from kvfleet.weight_cache.node_cache import HitCheck, NodeCache
 from kvfleet.weight_cache.progress import TransferProgress
 from kvfleet.weight_cache.s3 import S3Client, S3Uri, make_client
 from kvfleet.weight_cache.settings import NodeCacheSettings, PullSettings, S3Settings
+from kvfleet.weight_stream import StreamWriter, expose
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,10 @@ def _manifest_for(client: S3Client, uri: S3Uri, cache: NodeCache, expected_diges
     return fetched
 
 
+def _publish_from(stream: StreamWriter, root: Path, relative: str) -> None:
+    stream.publish(relative, root.joinpath(*relative.split("/")))
+
+
 def pull_model(
     source_uri: str,
     node_cache_root: Path,
@@ -86,12 +92,18 @@ def pull_model(
     progress: TransferProgress | None = None,
     expected_digest: str | None = None,
     clock: Callable[[], float] = time.time,
+    stream_link: Path | None = None,
 ) -> PulledModel:
     """Make the model at ``source_uri`` (s3://bucket/prefix) available under ``node_cache_root``.
 
     Concurrent callers on one node pulling the same model coordinate through a file lock: one
     downloads, the others wait (up to ``lock_timeout_s``) and then reuse it. Before a download,
     least recently used models without live leases are evicted to respect ``size_limit_bytes``.
+
+    ``stream_link``: a path an engine loads from while this runs (kvfleet.weight_stream). Once this
+    process holds the model's lock, it becomes a symlink to the model's stream folder in the node
+    cache, which then holds only files verified now and the manifest's file list; each file this
+    pull verifies is hardlinked in the moment its sha256 matched (every file at once on a hit).
     """
     settings = settings or PullSettings()
     uri = S3Uri.parse(source_uri)
@@ -105,20 +117,42 @@ def pull_model(
     with cache.model_lock(digest):
         result: PullResult | None = None
         check = cache.check_hit(digest, manifest, verify=settings.verify_on_hit, hash_workers=settings.hash_workers)
+        stream: StreamWriter | None = None
+        if stream_link is not None:
+            stream = StreamWriter(cache.stream_path(digest))
+            model_dir = cache.model_path(digest)
+            stream.reset(
+                [entry.path for entry in manifest.files],
+                {rel: model_dir.joinpath(*rel.split("/")) for rel in check.good},
+            )
+            expose(stream_link, stream.directory)
         if not check.hit:
             # Refused files are fetched again, never loaded; the files that just hashed right stay.
             staging = cache.stage_for_repair(digest, check.good) if check.reasons else cache.staging_path(digest)
             cache.record(digest, manifest, state="pulling")
             cache.make_room(manifest.total_bytes, keep=digest)
+            publish = None
+            if stream is not None:
+                publish = functools.partial(_publish_from, stream, staging)
             try:
                 result = pull_to_dir(
-                    client, uri, staging, settings, progress=progress, fetched=fetched, known_good=check.good
+                    client,
+                    uri,
+                    staging,
+                    settings,
+                    progress=progress,
+                    fetched=fetched,
+                    known_good=check.good,
+                    on_verified=publish,
                 )
             except DiskFullError:
                 shutil.rmtree(staging, ignore_errors=True)  # nothing of a pull that cannot fit stays
                 raise
             os.replace(staging, cache.model_path(digest))  # atomic: readers see all of it or nothing
             cache.record_verified(digest, manifest)  # every file was hashed as it landed
+        elif stream is not None:
+            for entry in manifest.files:
+                _publish_from(stream, cache.model_path(digest), entry.path)
         lease = cache.acquire_lease(digest)
         cache.record(digest, manifest, state="ready", raw_manifest=fetched.raw)
     return PulledModel(

@@ -1,5 +1,7 @@
-"""Fixtures of the launcher tests: moto's S3 server (real HTTP, real boto3), a bucket holding a
-populated tiny model, and a launcher process that never outlives its test."""
+"""Fixtures of the launcher tests: the real S3 server (SeaweedFS, the session's ``seaweedfs`` fixture
+in tests/conftest.py), a bucket holding a populated tiny model, and a launcher process that never
+outlives its test. No launcher test needs moto: the faults the pull must survive are tested on the
+same server in tests/weight_cache/test_faults_real.py."""
 
 from __future__ import annotations
 
@@ -20,10 +22,8 @@ import pytest
 from kvfleet.weight_cache import S3Settings, make_client, populate
 from kvfleet.weight_cache.s3 import S3Client
 from kvfleet_testkit.processes import console_script
-from kvfleet_testkit.s3_server import moto_s3_server
+from kvfleet_testkit.seaweedfs import SeaweedS3
 from tests.conftest import pick_free_port
-
-ACCESS_KEY, SECRET_KEY = "AKIDLAUNCHER", "launcher-secret-never-logged"
 
 
 @pytest.fixture
@@ -37,17 +37,11 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with moto_s3_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def s3_client(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> S3Client:
+def s3_client(seaweedfs: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -> S3Client:
     creds = tmp_path_factory.mktemp("aws")
-    (creds / "AWS_ACCESS_KEY_ID").write_text(ACCESS_KEY)
-    (creds / "AWS_SECRET_ACCESS_KEY").write_text(SECRET_KEY)
-    return make_client(S3Settings(endpoint_url=s3_endpoint, region="us-east-1", credentials_dir=creds))
+    (creds / "AWS_ACCESS_KEY_ID").write_text(seaweedfs.access_key)
+    (creds / "AWS_SECRET_ACCESS_KEY").write_text(seaweedfs.secret_key)
+    return make_client(S3Settings(endpoint_url=seaweedfs.endpoint_url, region=seaweedfs.region, credentials_dir=creds))
 
 
 @dataclass(frozen=True)
@@ -72,14 +66,11 @@ def populated_model(s3_client: S3Client, tmp_path_factory: pytest.TempPathFactor
     return PopulatedModel(bucket=bucket, uri=uri, local=local)
 
 
-def launcher_env(s3_endpoint: str, node_cache: Path) -> dict[str, str]:
+def launcher_env(server: SeaweedS3, node_cache: Path) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(server.env())
     env.update(
         {
-            "AWS_ENDPOINT_URL": s3_endpoint,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "KVFLEET_NODE_CACHE": str(node_cache),
             # Two cores shared by the whole suite: one torch thread keeps the engine from starving it.
             "OMP_NUM_THREADS": "1",

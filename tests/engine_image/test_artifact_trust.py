@@ -1,4 +1,4 @@
-"""Which artifacts an engine pod loads, with the real store against moto's S3 server: only those a
+"""Which artifacts an engine pod loads, with the real store against the real S3 server: only those a
 trusted key signed for this fingerprint; anything planted (unsigned, another key, a tampered node
 copy) is refused with the reason in the phase log and a metric, and the engine builds locally. An
 engine pod holds no signing key, so it never pushes; a trusted builder (the platform's) does."""

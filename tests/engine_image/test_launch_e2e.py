@@ -1,5 +1,5 @@
 """The launcher end to end on CPU: the real `kvfleet engine launch` process, the reference engine,
-moto's S3 server as the weight cache. A cold launch by the platform's builder (it holds the signing
+the real S3 server (SeaweedFS) as the weight cache. A cold launch by the platform's builder (it holds the signing
 key) pulls the weights, misses the artifacts and pushes them, signed, after it is ready; a warm
 launch as an engine pod (public key only) on the same node hits the node cache for both; a launch
 on a fresh node restores the signed artifacts from the bucket and the engine compiles from them."""
@@ -16,6 +16,7 @@ import pytest
 
 from kvfleet.weight_cache.s3 import S3Client
 from kvfleet.weight_cache.signing import generate_key_pair, public_pem
+from kvfleet_testkit.seaweedfs import SeaweedS3
 from tests.engine_image.conftest import LauncherProcess, PopulatedModel, launcher_env, wait_until
 
 pytestmark = pytest.mark.slow
@@ -63,12 +64,12 @@ def launch_and_serve(
     model: PopulatedModel,
     node_cache: Path,
     workdir: Path,
-    s3_endpoint: str,
+    server: SeaweedS3,
     launchers: list[LauncherProcess],
     env: dict[str, str],
 ) -> tuple[dict[str, Any], LauncherProcess]:
     """Start a launcher, wait for its cold start to complete and its push (if any) to finish, serve a completion."""
-    launcher = LauncherProcess(spec_for(model), workdir, launcher_env(s3_endpoint, node_cache) | env)
+    launcher = LauncherProcess(spec_for(model), workdir, launcher_env(server, node_cache) | env)
     launchers.append(launcher)
     url = f"http://127.0.0.1:{launcher.metrics_port}/coldstart"
 
@@ -87,14 +88,10 @@ def launch_and_serve(
     return report, launcher
 
 
-def phase_s(report: dict[str, Any], *phases: str) -> float:
-    return float(sum(report["phases"][p] for p in phases))
-
-
 def test_cold_then_warm_then_fresh_node(
     tmp_path: Path,
     populated_model: PopulatedModel,
-    s3_endpoint: str,
+    seaweedfs: SeaweedS3,
     s3_client: S3Client,
     launchers: list[LauncherProcess],
 ) -> None:
@@ -106,7 +103,7 @@ def test_cold_then_warm_then_fresh_node(
     builder = {"KVFLEET_ARTIFACT_SIGNING_KEY": str(signing_key), "KVFLEET_ARTIFACT_KEYS": str(keys)}
     engine_pod = {"KVFLEET_ARTIFACT_KEYS": str(keys)}
 
-    cold, launcher = launch_and_serve(populated_model, node_a, tmp_path, s3_endpoint, launchers, builder)
+    cold, launcher = launch_and_serve(populated_model, node_a, tmp_path, seaweedfs, launchers, builder)
     details = cold["phaseDetails"]
     assert details["pull"]["source"] == "s3" and details["pull"]["bytesFetched"] > 50 << 20
     assert details["artifacts"]["source"] == "miss" and cold["artifactsPushed"] is True
@@ -118,20 +115,25 @@ def test_cold_then_warm_then_fresh_node(
     log = launcher.log
     assert '"event": "coldstart_phase", "phase": "pull"' in log and '"event": "artifacts_pushed"' in log
     assert "signal_forwarded" in log and "draining" in log
-    assert "s3cr3t" not in log and "launcher-secret-never-logged" not in log
+    assert seaweedfs.secret_key not in log
 
-    warm, launcher = launch_and_serve(populated_model, node_a, tmp_path, s3_endpoint, launchers, engine_pod)
+    warm, launcher = launch_and_serve(populated_model, node_a, tmp_path, seaweedfs, launchers, engine_pod)
     details = warm["phaseDetails"]
     assert details["pull"]["source"] == "node-cache" and details["pull"]["bytesFetched"] == 0
     assert details["artifacts"]["hit"] is True and details["artifacts"]["source"] == "node-cache"
     assert warm["artifactsFingerprint"] == fingerprint and warm["modelDigest"] == cold["modelDigest"]
     assert "compile cache" in launcher.log and ": hit (" in launcher.log
-    # The caches govern pull and artifacts; the engine's start is dominated by importing torch,
-    # which is noisy on a shared machine, so the comparison is made on the phases they govern.
-    assert phase_s(warm, "pull", "artifacts") < phase_s(cold, "pull", "artifacts")
+    # What the caches save, without timing noise: no weight byte moved (above), and the engine
+    # compiled from the restored cache instead of from scratch. (On the real S3 server a 64 MB cold
+    # pull takes about as long as the warm start's sha256 check of the same bytes, so the phases'
+    # seconds no longer tell the two apart on a busy machine.)
+    warm_compile = warm["phaseDetails"]["engine_start"]["compileSeconds"]
+    cold_compile = cold["phaseDetails"]["engine_start"]["compileSeconds"]
+    assert warm["phaseDetails"]["engine_start"]["compileCacheHit"] is True
+    assert cold["phaseDetails"]["engine_start"]["compileCacheHit"] is False and warm_compile < cold_compile
     assert launcher.stop() == 0
 
-    fresh, launcher = launch_and_serve(populated_model, node_b, tmp_path, s3_endpoint, launchers, engine_pod)
+    fresh, launcher = launch_and_serve(populated_model, node_b, tmp_path, seaweedfs, launchers, engine_pod)
     assert fresh["phaseDetails"]["pull"]["source"] == "s3"
     assert fresh["phaseDetails"]["artifacts"]["source"] == "bucket" and fresh["artifactsFingerprint"] == fingerprint
     assert fresh["artifactsPushed"] is False

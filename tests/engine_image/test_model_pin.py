@@ -1,4 +1,4 @@
-"""The pinned model digest and the node cache's content check, through the real launcher: moto's S3
+"""The pinned model digest and the node cache's content check, through the real launcher: the real S3
 server, the real weight cache, a stand-in engine process and the launcher's real HTTP endpoint."""
 
 from __future__ import annotations
@@ -80,8 +80,11 @@ async def test_a_manifest_other_than_the_pinned_one_is_refused_before_any_downlo
         f"deployment pinned {'ab' * 32} (status.modelDigest); refusing to load other weights. Restore the pinned "
         "model at this location, or change spec.model (uri or revision) to start a new pin"
     )
-    assert launcher._engine is None  # never started
-    assert not list((settings.node_cache_dir / "models").iterdir())  # and nothing of the other model fetched
+    # The engine started with the pull (overlap, the default) and was stopped; nothing of the other
+    # model was fetched, and its folder never received a file.
+    assert launcher._engine is not None and launcher._engine.returncode is not None
+    assert not list((settings.node_cache_dir / "models").iterdir())
+    assert not list((settings.node_cache_dir / "streams").iterdir())
 
 
 async def test_the_pinned_model_loads_and_a_planted_file_is_refused_and_fetched_again(

@@ -1,4 +1,4 @@
-"""A real weight pull (boto3 against moto's S3 server) through the launcher: progress lines in its
+"""A real weight pull (boto3 against the real S3 server, SeaweedFS) through the launcher: progress lines in its
 log at a bounded rate, the pull's bytes in its metrics, and its /progress document."""
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from tests.conftest import pick_free_port
 from .test_launcher import coldstart, get, standin, until
 
 MiB = 1 << 20
-# 16 MiB in 512 KiB ranged GETs, one at a time: moto answers each in ~15-60 ms, so the pull lasts
-# 0.5-2 s, long enough for several progress lines at the test's 0.1 s interval.
-MODEL = {"model-00001-of-00002.safetensors": 10 * MiB, "model-00002-of-00002.safetensors": 6 * MiB, "config.json": 64}
+# 48 MiB in 512 KiB ranged GETs, one at a time: SeaweedFS on loopback answers each in ~5-20 ms on
+# this shared machine, so the pull lasts about 0.5-2 s, long enough for several progress lines at the
+# test's 0.1 s interval.
+MODEL = {"model-00001-of-00002.safetensors": 30 * MiB, "model-00002-of-00002.safetensors": 18 * MiB, "config.json": 64}
 SLOW_PULL = PullSettings(concurrency=1, part_size_bytes=MiB // 2, stream_chunk_bytes=128 * 1024, fsync=False)
 LOG_INTERVAL_S = 0.1
 

@@ -250,3 +250,24 @@ def test_space_shortfall_is_what_the_disk_lacks() -> None:
     assert space_shortfall_bytes(need_bytes=250, free_bytes=250) == 0  # exactly fits
     assert space_shortfall_bytes(need_bytes=300, free_bytes=250) == 50
     assert space_shortfall_bytes(need_bytes=-10, free_bytes=0) == 0  # partial files already hold more than is left
+
+
+def test_files_are_fetched_in_the_order_an_engine_reads_them() -> None:
+    """The small files first (an engine reads config and tokenizer before any weight), then the
+    weights in name order (the order loaders read shards in)."""
+    from kvfleet.weight_cache.parts import fetch_rank
+
+    paths = [
+        "model-00002-of-00002.safetensors",
+        "tokenizer.json",
+        "model-00001-of-00002.safetensors",
+        "config.json",
+        "model.safetensors.index.json",
+    ]
+    assert sorted(paths, key=fetch_rank) == [
+        "config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
