@@ -255,10 +255,6 @@ class UsageFilter:
         self._final = options.get("include_usage") is True
         self._continuous = self._final and options.get("continuous_usage_stats") is True
 
-    @property
-    def needed(self) -> bool:
-        return not self._continuous
-
     def apply(self, raw: bytes) -> bytes:
         """Complete events in, the client's events out (unchanged bytes where nothing is taken)."""
         if self._continuous or b'"usage"' not in raw:
