@@ -2,8 +2,10 @@
 with the launcher's own command (``render_vllm``), KV-cache events on, behind the real router, with
 a real Prometheus (Debian) scraping them.
 
-One module-scoped fleet serves every test (two vLLM starts per run of this module). Destructive
-tests (SIGTERM, kill -9) come last, in file order.
+One module-scoped fleet serves every test (two vLLM starts per run of this module); routers started
+in the tests over the same replicas play a restarted router and the round-robin baseline, and two
+reference engines (seconds to start) give the prefix-hit margin to match. Destructive tests
+(SIGTERM, kill -9) come last, in file order.
 """
 
 from __future__ import annotations
