@@ -48,10 +48,12 @@ from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import NoWakeSignal
+from kvfleet.spec import InferenceDeploymentSpec
 
 SERVED = "tiny"
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
+VLLM_PROCESS = ProcessSettings(ready_timeout_s=900, drain_wait_s=60, term_grace_s=30)
 PROCESS = ProcessSettings(
     ready_timeout_s=120,
     health_poll_interval_s=0.05,
@@ -160,6 +162,25 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def vllm_launch(model: Path) -> EngineLaunch:
+    """vLLM's CPU build as local mode runs it (the launcher's own command, ``render_vllm``), eager,
+    small batches for 2 cores; the same settings as tests/vllm."""
+    spec = InferenceDeploymentSpec.model_validate(
+        {
+            "model": {"uri": f"file://{model}"},
+            "engine": {
+                "kind": "vllm",
+                "maxModelLen": 512,
+                "dtype": "float32",
+                "extraArgs": ["--enforce-eager", "--block-size", "32", "--max-num-seqs", "8"],
+            },
+            "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
+            "routing": {"kvEvents": {"enabled": False}},
+        }
+    )
+    return EngineLaunch(SERVED, SERVED, model, (), {}, vllm_spec=spec, drain_timeout_s=30)
+
+
 async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: bool) -> dict[str, Any]:
     rng = random.Random(args.seed)
     settings = RouterSettings(port=0, stream_migration_attempts=3 if migrate else 0)
@@ -168,7 +189,14 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
     await router.start()
     handler = MigrationLog()
     logging.getLogger("kvfleet.router.proxy").addHandler(handler)
-    launch = EngineLaunch(SERVED, SERVED, model, ("--threads", "1", "--kv-blocks", "512"), {})
+    vllm = args.engine == "vllm"
+    launch = (
+        vllm_launch(model)
+        if vllm
+        else EngineLaunch(SERVED, SERVED, model, ("--threads", "1", "--kv-blocks", "512"), {})
+    )
+    # vLLM starts in minutes here: two replicas and kills only (no scale-down or rolling restart).
+    replicas = 2 if vllm else 3
     events: list[str] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
 
@@ -180,24 +208,24 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
             name=SERVED,
             command=launch.argv,
             registry=registry,
-            settings=PROCESS,
+            settings=VLLM_PROCESS if vllm else PROCESS,
             session=session,
             log_dir=logs / ("kvfleet" if migrate else "baseline"),
             max_replicas=4,
             engine_inflight=engine_inflight,
         )
         loop_task = asyncio.create_task(procs.run(poll_interval_s=0.2))
-        procs.set_desired(3, "bench")
-        while procs.count("ready") < 3:  # noqa: ASYNC110 - the actuator has no readiness event to await
+        procs.set_desired(replicas, "bench")
+        while procs.count("ready") < replicas:  # noqa: ASYNC110 - the actuator has no readiness event to await
             await asyncio.sleep(0.1)
         n = args.requests
         # Chaos planned at request counts, each done at the first request from its mark on where it
         # applies: a kill only while another replica is ready (the goal is "no failure while at least
         # one replica lives"), the scale-down and the rolling restart only with 3 ready.
-        marks = sorted(rng.sample(range(n // 20, n * 3 // 4), 8))
-        plan = ["kill"] * 5 + ["scale-down", "scale-up", "roll"]
+        plan = ["kill"] * args.kills + ([] if vllm else ["scale-down", "scale-up", "roll"])
+        marks = sorted(rng.sample(range(n // 20, n * 3 // 4), len(plan)))
         rng.shuffle(plan)
-        if plan.index("scale-up") < plan.index("scale-down"):
+        if not vllm and plan.index("scale-up") < plan.index("scale-down"):
             a, b = plan.index("scale-up"), plan.index("scale-down")
             plan[a], plan[b] = plan[b], plan[a]
         todo = list(zip(marks, plan, strict=True))
@@ -220,7 +248,8 @@ async def chaos_run(model: Path, logs: Path, args: argparse.Namespace, migrate: 
             if action == "kill" and len(ready) >= 2:
                 victim = rng.choice(ready)
                 assert victim.pid is not None
-                os.kill(victim.pid, signal.SIGKILL)
+                # vLLM: the whole engine (API server, engine core, worker: the replica's process group).
+                (os.killpg if vllm else os.kill)(victim.pid, signal.SIGKILL)
                 killed.add(victim.pid)
                 killed_ids.add(victim.replica_id)
                 events.append(f"{now} kill -9 {victim.replica_id} ({len(ready)} ready)")
@@ -365,6 +394,7 @@ from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.settings import RouterSettings
 from kvfleet.router.wake import NoWakeSignal
+from kvfleet.spec import InferenceDeploymentSpec
 async def main():
     server = RouterServer(RouterSettings(port=0), StaticReplicaSource(), NoWakeSignal())
     await server.start()
@@ -532,7 +562,17 @@ async def main() -> None:
     parser.add_argument("--max-duration-s", type=float, default=600, help="cap on a run that waits for its chaos")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--render", action="store_true", help="only rewrite chaos.md from chaos.json")
+    parser.add_argument(
+        "--engine",
+        choices=["reference", "vllm"],
+        default="reference",
+        help="vllm: two replicas of vLLM's CPU build, kills only, stream migration on; to chaos_vllm.{json,md}",
+    )
+    parser.add_argument("--kills", type=int, default=5, help="kill -9 of a ready replica, at random moments")
     args = parser.parse_args()
+    if args.engine == "vllm":
+        await vllm_main(args)
+        return
     if args.render:
         result = json.loads((args.out / "chaos.json").read_text())
         (args.out / "chaos.md").write_text(render_markdown(result))
@@ -571,6 +611,63 @@ async def main() -> None:
     (args.out / "chaos.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "chaos.md").write_text(render_markdown(result))
     print(f"wrote {args.out / 'chaos.json'} and chaos.md")
+
+
+async def vllm_main(args: argparse.Namespace) -> None:
+    """The chaos run with vLLM replicas: is any stream cut?"""
+    from kvfleet.local.models import VLLM_TINY_MODEL
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kvfleet.router.proxy").setLevel(logging.INFO)
+    load_before = [round(x, 1) for x in os.getloadavg()]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_tiny_model(Path(tmp) / "words", words_only=True, **VLLM_TINY_MODEL)
+        logs = Path(tmp) / "logs"
+        logs.mkdir()
+        run = await chaos_run(model, logs, args, migrate=True)
+    print(json.dumps(run, indent=1), flush=True)
+    result = {
+        "machine": f"{os.cpu_count()} CPUs, shared",
+        "load_before": load_before,
+        "load_after": [round(x, 1) for x in os.getloadavg()],
+        "command": " ".join(["bench/chaos.py", *sys.argv[1:]]),
+        "vllm": run,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "chaos_vllm.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "chaos_vllm.md").write_text(render_vllm_markdown(result))
+    print(f"wrote {args.out / 'chaos_vllm.json'} and chaos_vllm.md")
+
+
+def render_vllm_markdown(result: dict[str, Any]) -> str:
+    run = result["vllm"]
+    reasons = ", ".join(f"{r}: {c}" for r, c in run["failed_by_reason"].items()) or "none"
+    return "\n".join(
+        [
+            "# Chaos benchmark with vLLM replicas",
+            "",
+            f"Command: `{result['command']}` ({result['machine']}, load average {result['load_before']} before, "
+            f"{result['load_after']} after: a busy machine). The router and local mode's process actuator over two "
+            "replicas of vLLM 0.32.0's CPU build (the launcher's command, eager, the tiny whole-words model); a mixed "
+            "load (chat and completions, streamed and not, temperature 0, 24-96 tokens); `kill -9` of a ready "
+            "replica's whole process group while the other is ready; stream migration on. No baseline run and no "
+            "scale-down or rolling restart here (a vLLM start takes minutes on this machine): bench/chaos.py "
+            "without --engine has those, on the reference engine.",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| sent | {run['sent']} (streamed {run['streamed']}) |",
+            f"| complete (every token, `[DONE]`) | {run['complete']} |",
+            f"| failed | {run['failed']} ({reasons}) |",
+            f"| migrated streams | {run['migrated']} |",
+            f"| added time to next token of a migrated stream, p50 / p99 | "
+            f"{run['added_ttft_p50_s'] * 1e3:.0f} / {run['added_ttft_p99_s'] * 1e3:.0f} ms |",
+            f"| migrated text equal to an unbroken run | {run['migrated_text_equal_unbroken']} of {run['migrated']} |",
+            f"| chaos | {'; '.join(run['chaos']) or 'none'} |",
+            f"| chaos not done | {', '.join(run['chaos_not_done']) or 'none'} |",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,9 @@ def vllm_server(
         argv, cwd=work_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     url = f"http://127.0.0.1:{port}"
+    # SIGTERM (a time bound's ``timeout``, a CI cancel) ends the bench through this ``finally``, so vLLM's
+    # process group, in its own session, dies with it instead of outliving the bench.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         while True:
             if process.poll() is not None:
@@ -111,6 +115,11 @@ def vllm_server(
                 os.killpg(process.pid, 9)
                 process.wait()
         log.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 async def _one(

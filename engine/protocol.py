@@ -16,6 +16,9 @@ MAX_STOP_STRINGS = 16
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    # vLLM's extension: the usage so far in every chunk too (the router counts a migrated stream's
+    # tokens from it: one chunk may carry several tokens).
+    continuous_usage_stats: bool = False
 
 
 class _Common(BaseModel):
@@ -96,6 +99,11 @@ class _Common(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk: vLLM's rule, only together with ``include_usage``."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(_Common):

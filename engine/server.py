@@ -208,7 +208,9 @@ class Handlers:
             engine.core.check_lengths(len(prompt_ids), max_tokens)
             stream = engine.submit(engine.new_request_id("cmpl"), prompt_ids, body.sampling_params(max_tokens))
             if body.stream:
-                return await self._stream(request, stream, chat=False, include_usage=body.include_usage)
+                return await self._stream(
+                    request, stream, chat=False, include_usage=body.include_usage, continuous=body.continuous_usage
+                )
             return await self._collect(request, stream, chat=False)
         finally:
             self.state.leave()
@@ -231,7 +233,9 @@ class Handlers:
             core.check_lengths(len(prompt_ids), max_tokens)
             stream = engine.submit(engine.new_request_id("chatcmpl"), prompt_ids, body.sampling_params(max_tokens))
             if body.stream:
-                return await self._stream(request, stream, chat=True, include_usage=body.include_usage)
+                return await self._stream(
+                    request, stream, chat=True, include_usage=body.include_usage, continuous=body.continuous_usage
+                )
             return await self._collect(request, stream, chat=True)
         finally:
             self.state.leave()
@@ -272,7 +276,7 @@ class Handlers:
         return web.json_response(body)
 
     async def _stream(
-        self, request: web.Request, stream: RequestStream, chat: bool, include_usage: bool
+        self, request: web.Request, stream: RequestStream, chat: bool, include_usage: bool, continuous: bool = False
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
@@ -297,14 +301,20 @@ class Handlers:
                 if not role_sent and output.finish_reason != "error":
                     # With the first output (after prefill), as vLLM does: a client's (and the router's)
                     # time to the first body byte is then the time to the first token.
-                    await send({**self._envelope(stream, chat, True), "choices": [choice(None, None, first=True)]})
+                    opening = {**self._envelope(stream, chat, True), "choices": [choice(None, None, first=True)]}
+                    if continuous:
+                        opening["usage"] = usage(output.prompt_tokens, 0, output.cached_tokens)
+                    await send(opening)
                     role_sent = True
                 if output.finish_reason == "error":
                     await send(error_body("the engine failed while serving this request", "internal_error"))
                     break
                 if output.text_delta or output.finished:
                     reason = output.finish_reason if output.finished else None
-                    await send({**self._envelope(stream, chat, True), "choices": [choice(output.text_delta, reason)]})
+                    chunk = {**self._envelope(stream, chat, True), "choices": [choice(output.text_delta, reason)]}
+                    if continuous:  # the tokens so far, as vLLM's continuous_usage_stats gives them
+                        chunk["usage"] = usage(output.prompt_tokens, output.completion_tokens, output.cached_tokens)
+                    await send(chunk)
                 if output.finished and include_usage:
                     await send(
                         {

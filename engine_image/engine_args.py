@@ -241,6 +241,12 @@ def render_vllm(spec: InferenceDeploymentSpec, inputs: RenderInputs) -> EngineCo
         # (FP8 models) live apart from it. docs/engine_image.md has the whole contract.
         env["VLLM_CACHE_ROOT"] = str(inputs.artifacts_dir / VLLM_CACHE_SUBDIR)
         env["DG_JIT_CACHE_DIR"] = str(inputs.artifacts_dir / DEEP_GEMM_CACHE_SUBDIR)
+        if on_cpu:
+            # vLLM 0.32.0's CPU build compiles with plain Inductor (DYNAMO_TRACE_ONCE) and cannot load
+            # its own AOT-compiled function back ("'function' object has no attribute
+            # 'finalize_loading'": it compiles again); without AOT compile the restored Inductor cache
+            # (TORCHINDUCTOR_CACHE_DIR above) is what spares the compile.
+            env["VLLM_USE_AOT_COMPILE"] = "0"
     return EngineCommand(argv=(*argv, *engine.extra_args), env=env, notes=tuple(notes))
 
 

@@ -27,6 +27,7 @@ from kvfleet.spec import (
     SHORT_NAMES,
     SINGULAR,
     VERSION,
+    VLLM_UNKNOWN_QUANTIZATION,
     AutoscalingSpec,
     EngineSpec,
     InferenceDeploymentSpec,
@@ -52,6 +53,7 @@ _MIN_REPLICAS = AutoscalingSpec.model_fields["min_replicas"].default
 _COLD_START_S = float(AutoscalingSpec.model_fields["cold_start_seconds"].default)
 _QUEUE_WAIT_S = float(RoutingSpec.model_fields["max_queue_wait_seconds"].default)
 _MANAGED_FLAGS = ", ".join(f"'{flag}'" for flag in sorted(MANAGED_ENGINE_FLAGS))
+_VLLM_UNKNOWN_QUANTIZATION = ", ".join(f"'{q}'" for q in sorted(VLLM_UNKNOWN_QUANTIZATION))
 
 # CEL rules, keyed by the dotted schema path of the object they sit on. Each mirrors a validator
 # in kvfleet.spec (named in the comment) so the API server rejects the same specs, and its
@@ -110,6 +112,14 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "rule": "!self.matches('^[a-z0-9]+://(.*/)?[.][.](/.*)?$')",
             "message": "spec.model.uri must not contain '..' path segments",
         },
+    ],
+    "spec.engine": [
+        {  # EngineSpec._quantization_the_engine_knows
+            "rule": f"(has(self.kind) ? self.kind : '{_ENGINE_KIND}') != 'vllm' || !has(self.quantization) || "
+            f"!([{_VLLM_UNKNOWN_QUANTIZATION}].exists(q, q == self.quantization))",
+            "message": "spec.engine.quantization is not a vLLM method (vLLM refuses it at start)",
+            "fieldPath": ".quantization",
+        }
     ],
     "spec.engine.extraArgs": [
         {  # EngineSpec._no_managed_flags

@@ -36,3 +36,47 @@ def model_object(model_id: str, *, created_unix_s: int, root: str | None = None)
     """One entry of ``GET /v1/models`` and the answer of ``GET /v1/models/{id}``."""
     root = root or model_id
     return {"id": model_id, "object": "model", "created": created_unix_s, "owned_by": OWNED_BY, "root": root}
+
+
+# OpenAI's error ``type`` for an engine error whose own type is not one of OpenAI's (vLLM writes its
+# exception's class name, ``BadRequestError``), by the answer's HTTP status.
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+# A context overflow gets OpenAI's code for it (clients look for it to shorten and retry).
+_CONTEXT_OVERFLOW = ("maximum context length", "context length is")
+
+
+def _is_openai_type(value: object) -> bool:
+    """OpenAI's error types are snake_case words (``invalid_request_error``), never class names."""
+    return isinstance(value, str) and bool(value) and value == value.lower() and " " not in value
+
+
+def openai_error_body(status: int, payload: object) -> dict[str, Any] | None:
+    """An engine's JSON error answer in OpenAI's shape (message and param kept; ``type`` OpenAI's,
+    from the status where the engine's is not; ``code`` a string or null), or None where ``payload``
+    is not an error body or is OpenAI's shape already (then passed on as it came)."""
+    if not isinstance(payload, dict) or not isinstance(error := payload.get("error"), dict):
+        return None
+    message, kind, param, code = (error.get(k) for k in ("message", "type", "param", "code"))
+    fine = (
+        isinstance(message, str)
+        and _is_openai_type(kind)
+        and (param is None or isinstance(param, str))
+        and (code is None or isinstance(code, str))
+    )
+    if fine:
+        return None
+    text = message if isinstance(message, str) else str(message if message is not None else "")
+    if not _is_openai_type(kind):
+        kind = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    if not isinstance(code, str):
+        code = "context_length_exceeded" if any(s in text.lower() for s in _CONTEXT_OVERFLOW) else None
+    return error_body(text, str(kind), param=param if isinstance(param, str) else None, code=code)

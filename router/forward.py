@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from kvfleet.openai_shape import openai_error_body
 from kvfleet.router.cold_hold import ColdStartHold, Held
 from kvfleet.router.cold_start import ready_comment
 from kvfleet.router.errors import (
@@ -30,7 +31,16 @@ from kvfleet.router.fleet import Fleet
 from kvfleet.router.headers import forward_headers, response_header_lines
 from kvfleet.router.http_server import HttpRequest, Responder
 from kvfleet.router.metrics import RouterMetrics
-from kvfleet.router.migration import CHAT_PATH, Splicer, continuation, finish_event, progress
+from kvfleet.router.migration import (
+    CHAT_PATH,
+    Splicer,
+    UsageFilter,
+    continuation,
+    engine_body,
+    finish_event,
+    progress,
+    with_usage_asked,
+)
 from kvfleet.router.replica_lease import ReplicaLease
 from kvfleet.router.replicas import key_labels
 from kvfleet.router.settings import RouterSettings
@@ -50,6 +60,7 @@ log = logging.getLogger("kvfleet.router.proxy")
 # First wait before retrying on a replica that already failed this request; doubles per attempt.
 RETRY_BACKOFF_S = 0.25
 _SSE = "text/event-stream"
+_JSON = "application/json"
 # A replica's error answer to a held stream is passed on as an event of at most this much of its body.
 _MAX_ERROR_BODY_BYTES = 64 * 1024
 _NONE_TRIED: frozenset[str] = frozenset()
@@ -82,6 +93,25 @@ def upstream_failure(
     return phase, UpstreamAttemptError(replica_id, f"{where}: {error}")
 
 
+async def _openai_error(upstream: UpstreamResponse, first: bytes) -> bytes:
+    """A replica's JSON error answer, read whole (bounded), in OpenAI's shape (vLLM's ``type`` is a class
+    name and its ``code`` the HTTP status). Left as it came when it is longer than the bound, breaks
+    (the relay then fails as any broken body does) or is OpenAI's shape already."""
+    body = first
+    try:
+        while not upstream.at_eof() and len(body) < _MAX_ERROR_BODY_BYTES:
+            body += await upstream.readany()
+    except UpstreamIOError:
+        return body
+    if not upstream.at_eof():
+        return body
+    try:
+        shaped = openai_error_body(upstream.status, json.loads(body))
+    except ValueError:
+        return body
+    return json.dumps(shaped).encode() if shaped is not None else body
+
+
 class _Resume(NamedTuple):
     """What continuing a streamed request elsewhere needs."""
 
@@ -93,12 +123,14 @@ class _Resume(NamedTuple):
 
 
 class _Relay(NamedTuple):
-    """An answer being relayed: its SSE splitter (None: a plain body), what the client was sent (kept
-    only for a stream that may need continuing elsewhere), and how to continue it (None: not)."""
+    """An answer being relayed: its SSE splitter (None: a plain body), the events relayed (kept only for
+    a stream that may need continuing elsewhere; with the usage the router asked for), how to continue
+    it (None: not), and what takes that usage out again before the client (None: nothing to take)."""
 
     splitter: EventSplitter | None
     sent: list[bytes] | None
     resume: _Resume | None
+    usage: UsageFilter | None = None
 
 
 class Forwarder:
@@ -128,6 +160,13 @@ class Forwarder:
     ) -> int:
         """Send to a replica (retrying elsewhere while nothing was relayed) and relay; returns the status."""
         headers = forward_headers(request)
+        raw = request.body
+        usage: UsageFilter | None = None
+        if body.get("stream") is True and self._settings.stream_migration_attempts:
+            # The engine's token counts in every chunk: what a continuation's max_tokens needs (migration.py).
+            asked = with_usage_asked(raw, body)
+            if asked is not None:
+                raw, usage = asked, UsageFilter(body)
         tried: set[str] = set()
         failures: list[str] = []
         held: Held | None = None
@@ -153,8 +192,8 @@ class Forwarder:
                             # yet): back off a little so the retry does not land in the same instant.
                             await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
                         upstream = self._upstream.send_nowait(
-                            lease.url, request.path_qs, headers, request.body
-                        ) or await self._send(model, lease, request.path_qs, request.body, headers)
+                            lease.url, request.path_qs, headers, raw
+                        ) or await self._send(model, lease, request.path_qs, raw, headers)
                         with upstream:
                             first = await self._first_bytes(model, lease, upstream)
                             if ticking is not None:
@@ -164,6 +203,8 @@ class Forwarder:
                                 await self._answer_as_event(responder, lease.replica_id, upstream, first)
                                 return upstream.status
                             held_line = held.header_line() if held is not None else b""
+                            if upstream.status >= 400 and upstream.content_type == _JSON:
+                                first = await _openai_error(upstream, first)
                             if upstream.at_eof() and upstream.content_type != _SSE:
                                 self._relay_whole(
                                     responder, model, lease.replica_id, upstream, first, started_s, held_line
@@ -177,7 +218,15 @@ class Forwarder:
                             ):
                                 resume = _Resume(request, body, headers, hashes, tried)
                             relay = self._start_relay(
-                                responder, model, lease.replica_id, upstream, started_s, resume, held_line, committed
+                                responder,
+                                model,
+                                lease.replica_id,
+                                upstream,
+                                started_s,
+                                resume,
+                                held_line,
+                                committed,
+                                usage,
                             )
                             if committed:
                                 assert held is not None
@@ -196,7 +245,7 @@ class Forwarder:
                     if ticking is not None:
                         ticking.cancel()
                 if relay.splitter is not None and (rest := relay.splitter.flush()):
-                    await responder.write(rest)
+                    await responder.write(relay.usage.apply(rest) if relay.usage else rest)
                 responder.end()
                 return upstream.status
             error = UpstreamError(
@@ -275,6 +324,7 @@ class Forwarder:
         resume: _Resume | None,
         held_line: bytes = b"",
         committed: bool = False,
+        usage: UsageFilter | None = None,
     ) -> _Relay:
         """Send the answer's head to the client (unless a held stream's went out already): the request
         is committed now."""
@@ -286,7 +336,7 @@ class Forwarder:
         self._metrics.ttft.observe(key_labels(model), self._clock() - started_s)
         splitter = EventSplitter(self._settings.sse_max_pending_bytes) if is_sse else None
         sent: list[bytes] | None = [] if resume is not None and splitter is not None else None
-        return _Relay(splitter, sent, resume)
+        return _Relay(splitter, sent, resume, usage if splitter is not None else None)
 
     async def _answer_as_event(
         self, responder: Responder, replica_id: str, upstream: UpstreamResponse, first: bytes
@@ -302,6 +352,7 @@ class Forwarder:
         payload = None
         with contextlib.suppress(ValueError):  # not JSON: passed on as text
             payload = json.loads(body[:_MAX_ERROR_BODY_BYTES])
+        payload = openai_error_body(upstream.status, payload) or payload
         if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
             await responder.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
         else:
@@ -332,6 +383,9 @@ class Forwarder:
                 if out:
                     if sent is not None:
                         sent.append(out)
+                    if relay.usage is not None:
+                        out = relay.usage.apply(out)
+                if out:
                     await responder.write(out)
                 chunk = await upstream.readany()
         except UpstreamIOError as e:
@@ -349,7 +403,9 @@ class Forwarder:
             return
         relay.splitter.discard()
         if relay.resume is not None and relay.sent is not None:
-            await self._migrate(responder, model, relay.resume, relay.sent, broken.replica_id, broken.error)
+            await self._migrate(
+                responder, model, relay.resume, relay.sent, broken.replica_id, broken.error, relay.usage
+            )
             return
         await responder.write(error_event(f"replica {broken.replica_id} failed mid-stream: {broken.error!r}"))
         await responder.write(b"data: [DONE]\n\n")
@@ -363,6 +419,7 @@ class Forwarder:
         sent: list[bytes],
         broken_by: str,
         error: Exception,
+        usage: UsageFilter | None = None,
     ) -> None:
         """Continue a broken stream on other replicas, within ``stream_migration_attempts`` and
         ``stream_migration_timeout_s``; end it with an error event and ``[DONE]`` when that fails."""
@@ -400,9 +457,9 @@ class Forwarder:
                 result, why = "timeout", f"{why}; no continuation within {limit_s:g} s"
                 break
             attempts += 1
-            raw = json.dumps(plan.body).encode()
+            raw = json.dumps(engine_body(plan.body) or plan.body).encode()
             exclude = frozenset(resume.tried)
-            relay = _Relay(EventSplitter(self._settings.sse_max_pending_bytes), sent, None)
+            relay = _Relay(EventSplitter(self._settings.sse_max_pending_bytes), sent, None, usage)
             try:
                 # The deadline covers finding a replica and its first byte; the continued stream then
                 # takes as long as it needs.
@@ -450,7 +507,8 @@ class Forwarder:
                 continue
             assert relay.splitter is not None
             if rest := relay.splitter.flush():
-                await responder.write(Splicer(so_far, chat=chat).rewrite(rest))
+                rest = Splicer(so_far, chat=chat).rewrite(rest)
+                await responder.write(usage.apply(rest) if usage else rest)
             responder.end()
             return
         self._metrics.migrations.inc((*key_labels(model), result))

@@ -5,12 +5,15 @@ it was sent), the request that continues it (``continuation``), and the rewritin
 replica's events so they splice into the client's stream (``Splicer``: same ``id``, ``created`` and
 index, no second role chunk, one final ``usage`` counting both parts).
 
-Token counts: the router does not tokenize. Tokens already sent are counted as the content chunks
-sent, which is exact when each chunk carries one token (vLLM's default ``stream_interval`` of 1, and
-the reference engine except where it holds a token back to complete a multi-byte character; then the
-count is low by one and the continuation may run one token past ``max_tokens``). The final usage's
-``prompt_tokens`` is the continuation's prompt less the tokens sent, exact when the text sent
-re-tokenizes into the same tokens.
+Token counts: the router does not tokenize. A migratable stream is sent to its engine with
+``stream_options: {include_usage, continuous_usage_stats}`` (``engine_body``), so every chunk
+carries the completion tokens so far (vLLM and the reference engine both give them); the router
+takes the last such count and strips what the client did not ask for (``UsageFilter``). vLLM merges
+several tokens into one chunk whenever its reader lags and holds byte fragments back, so chunks are
+not tokens. An engine that sends no usage falls back to counting content chunks after the last count
+(exact only when each chunk carries one token; low otherwise, and the continuation then runs past
+``max_tokens``). The final usage's ``prompt_tokens`` is the continuation's prompt less the tokens
+sent, exact when the text sent re-tokenizes into the same tokens.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ class Progress:
     created: int | None
     model: str | None
     text: str
-    chunks: int  # content chunks, counted as tokens (see the module docstring)
+    chunks: int  # content chunks
+    tokens: int  # completion tokens sent: the last usage count plus content chunks after it (docstring)
     role_sent: bool
     finish_reason: str | None
     done: bool  # ``data: [DONE]`` was sent
@@ -57,6 +61,8 @@ def progress(sent: bytes, *, chat: bool) -> Progress:
     model: str | None = None
     parts: list[str] = []
     chunks = 0
+    counted = 0  # the last usage's completion_tokens
+    since = 0  # content chunks after it
     role_sent = False
     finish: str | None = None
     done = False
@@ -85,8 +91,12 @@ def progress(sent: bytes, *, chat: bool) -> Progress:
             if piece:
                 parts.append(str(piece))
                 chunks += 1
+                since += 1
             finish = choice.get("finish_reason") or finish
-    return Progress(response_id, created, model, "".join(parts), chunks, role_sent, finish, done)
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and (tokens := _int(usage.get("completion_tokens"))) is not None:
+            counted, since = tokens, 0  # a chunk's usage counts its own tokens too
+    return Progress(response_id, created, model, "".join(parts), chunks, counted + since, role_sent, finish, done)
 
 
 def _str(value: Any) -> str | None:
@@ -142,7 +152,7 @@ def continuation(path: str, body: dict[str, Any], sent: Progress) -> Continuatio
         return Continuation(None, f"{path} cannot be continued")
     remaining: int | None = None
     if isinstance(limit, int) and not isinstance(limit, bool):
-        remaining = limit - sent.chunks
+        remaining = limit - sent.tokens
         if remaining <= 0:
             return Continuation(None, "max_tokens reached", remaining_tokens=0)
         out[key] = remaining
@@ -200,11 +210,71 @@ class Splicer:
             completion = _int(usage.get("completion_tokens"))
             prompt = _int(usage.get("prompt_tokens"))
             if completion is not None:
-                usage["completion_tokens"] = completion + sent.chunks
+                usage["completion_tokens"] = completion + sent.tokens
             if prompt is not None:
-                usage["prompt_tokens"] = max(0, prompt - sent.chunks)
+                usage["prompt_tokens"] = max(0, prompt - sent.tokens)
             if completion is not None and prompt is not None:
                 usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def engine_body(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The body to send the engine for a stream that may need continuing: ``stream_options`` asking
+    for the usage in every chunk (the client's other options kept). None: the client's own body
+    already asks for it."""
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        return None  # the client's malformed options: the engine's 400 names them
+    if options.get("include_usage") is True and options.get("continuous_usage_stats") is True:
+        return None
+    return {**body, "stream_options": {**options, "include_usage": True, "continuous_usage_stats": True}}
+
+
+_ASK_USAGE = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true},'
+
+
+def with_usage_asked(raw: bytes, body: dict[str, Any]) -> bytes | None:
+    """``raw`` (whose parse is ``body``: an object) as ``engine_body`` would send it. Spliced after the
+    opening brace where the client sent no ``stream_options`` (no re-encoding of a long prompt; ``raw``
+    may carry more than ``body``, the router's own ``vllm_xargs``); re-encoded from ``raw`` otherwise."""
+    if "stream_options" not in body:
+        start = raw.index(b"{") + 1
+        return raw[:start] + _ASK_USAGE + raw[start:]
+    full = json.loads(raw)
+    asked = engine_body({**full, "stream_options": full.get("stream_options") or {}})
+    return json.dumps(asked, separators=(",", ":")).encode() if asked is not None else None
+
+
+class UsageFilter:
+    """Takes out of a stream's events the usage the router asked for and the client did not: the
+    usage of each content chunk (unless it asked ``continuous_usage_stats``) and the closing
+    usage-only chunk (unless it asked ``include_usage``)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        options = body.get("stream_options")
+        options = options if isinstance(options, dict) else {}
+        self._final = options.get("include_usage") is True
+        self._continuous = self._final and options.get("continuous_usage_stats") is True
+
+    def apply(self, raw: bytes) -> bytes:
+        """Complete events in, the client's events out (unchanged bytes where nothing is taken)."""
+        if self._continuous or b'"usage"' not in raw:
+            return raw
+        out: list[bytes] = []
+        for payload in _events(raw):
+            try:
+                obj = json.loads(payload)
+            except json.JSONDecodeError:
+                obj = None
+            if not isinstance(obj, dict) or "usage" not in obj:
+                out.append(b"data: " + payload.encode() + b"\n\n")
+                continue
+            if not obj.get("choices"):  # the closing usage-only chunk
+                if not self._final:
+                    continue
+            else:
+                del obj["usage"]
+            out.append(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+        return b"".join(out)
 
 
 def finish_event(sent: Progress, *, chat: bool, reason: str = "length") -> bytes:

@@ -24,6 +24,7 @@ from kvfleet.spec.deployment import InferenceDeploymentSpec
 from kvfleet.spec.engine import (
     ENV_NAME_PATTERN,
     MANAGED_ENGINE_FLAGS,
+    VLLM_UNKNOWN_QUANTIZATION,
     Dtype,
     EngineKind,
     EngineSpec,
@@ -64,6 +65,7 @@ __all__ = [
     "SHORT_NAMES",
     "SINGULAR",
     "VERSION",
+    "VLLM_UNKNOWN_QUANTIZATION",
     "ApiModel",
     "ArtifactsSpec",
     "AutoscalingSpec",

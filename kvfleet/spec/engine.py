@@ -38,6 +38,10 @@ EngineKind = Literal["vllm", "sglang", "reference"]
 Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Quantization = Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors", "marlin"]
+# Quantization names vLLM (0.32, the version the engine images and the tests run) does not know:
+# its config check refuses them before any weight loads ("Unknown quantization method"), on CPU and
+# GPU alike (its list is not per platform). SGLang still takes them.
+VLLM_UNKNOWN_QUANTIZATION = frozenset({"bitsandbytes", "marlin"})
 
 
 class SecretKeySelector(ApiModel):
@@ -123,6 +127,16 @@ class EngineSpec(ApiModel):
             if flag in MANAGED_ENGINE_FLAGS:
                 raise ValueError(f"{flag} is set by kvfleet from the spec; use the matching engine field instead")
         return value
+
+    @model_validator(mode="after")
+    def _quantization_the_engine_knows(self) -> EngineSpec:
+        if self.kind == "vllm" and self.quantization in VLLM_UNKNOWN_QUANTIZATION:
+            raise cross_field_error(
+                "quantization",
+                f"quantization {self.quantization} is not a vLLM method (vLLM refuses it at start); "
+                "vLLM reads bitsandbytes and Marlin checkpoints from their own quantization_config: leave it unset",
+            )
+        return self
 
     @property
     def data_parallel_size(self) -> int:

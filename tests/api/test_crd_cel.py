@@ -29,6 +29,7 @@ MIRRORED = [
     "dotdot-in-artifacts-prefix",
     "sglang-without-gpus",
     "tp-without-gpus",
+    "vllm-unknown-quantization",
     "queue-wait-shorter-than-cold-start",
     "managed-flag-in-extra-args",
     "bad-bucket-in-uri",

@@ -48,3 +48,14 @@ def test_autoscaling_off_uses_fixed_replicas() -> None:
     assert problems == [] and deployment is not None
     assert not deployment.spec.autoscaling_enabled
     assert deployment.spec.fixed_replicas() == 3
+
+
+@pytest.mark.parametrize("method", ["bitsandbytes", "marlin"])
+def test_quantization_vllm_does_not_know_is_refused_only_for_vllm(method: str) -> None:
+    """vLLM 0.32 refuses these at start (tests/vllm/test_vllm_engine_fields.py); SGLang takes them."""
+    vllm = put(base(), "spec.engine", {"kind": "vllm", "quantization": method})
+    deployment, problems = validate_object(vllm)
+    assert deployment is None and [p.path for p in problems] == ["spec.engine.quantization"], problems
+    sglang = put(base(), "spec.engine", {"kind": "sglang", "quantization": method})
+    deployment, problems = validate_object(sglang)
+    assert deployment is not None and deployment.spec.engine.quantization == method, problems

@@ -152,6 +152,21 @@ async def test_completion_stream_framing_and_usage(engine_server: EngineProcess)
         assert usage_chunk["usage"][key] == plain["usage"][key]
 
 
+async def test_continuous_usage_stats_put_the_tokens_so_far_in_every_chunk(engine_server: EngineProcess) -> None:
+    # vLLM's stream_options extension, which the router asks for to count a migrated stream's tokens.
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"model": SERVED, "prompt": "count me", "max_tokens": 5, "ignore_eos": True, "stream": True}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{engine_server.url}/v1/completions", json={**body, "stream_options": options}) as r,
+    ):
+        chunks = [json.loads(e) for e in (await sse_events(r))[:-1]]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 5, counts
+    text_chunks = [c for c in chunks if c["choices"]]
+    assert all("usage" in c for c in text_chunks) and counts[-2] == 5  # the last text chunk counts all 5
+
+
 async def test_chat_stream(engine_server: EngineProcess) -> None:
     body = {
         "model": SERVED,

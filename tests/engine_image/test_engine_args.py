@@ -318,3 +318,11 @@ def test_data_parallel_engines_publish_no_events_and_say_why(dp: list[str]) -> N
     assert any("--data-parallel-size" in note and "not published" in note for note in command.notes)
     one = spec_with("vllm", extraArgs=["--data-parallel-size", "1"])
     assert one.engine.data_parallel_size == 1 and one.publishes_kv_events
+
+
+def test_vllms_cpu_build_compiles_without_aot_so_its_restored_inductor_cache_is_used() -> None:
+    # vLLM 0.32.0's CPU build cannot load its own AOT-compiled function back (docs/engine_image.md).
+    cpu = render_engine_command(make_spec("vllm", gpus=0), inputs(ART)).env
+    assert cpu.get("VLLM_USE_AOT_COMPILE") == "0" and cpu["TORCHINDUCTOR_CACHE_DIR"].startswith(str(ART))
+    assert "VLLM_USE_AOT_COMPILE" not in render_engine_command(make_spec("vllm"), inputs(ART)).env  # GPUs: vLLM's way
+    assert "VLLM_USE_AOT_COMPILE" not in render_engine_command(make_spec("vllm", gpus=0), inputs()).env

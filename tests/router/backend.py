@@ -3,8 +3,8 @@
 Its behaviour is steered by a ``kvfleet_test`` object in the request body (which the router forwards
 unchanged): ``chunks`` (number of SSE chunks / words), ``delay_s`` (between chunks), ``hold_s``
 (before the response headers), ``break_after`` (drop the connection after that many chunks),
-``status`` (answer with that status). ``GET /stats`` reports what it saw; ``POST /admin/drain`` makes
-it answer 503 from then on, as an engine does after SIGTERM.
+``status`` (answer with that status; ``error``, the error object then). ``GET /stats`` reports what
+it saw; ``POST /admin/drain`` makes it answer 503 from then on, as an engine does after SIGTERM.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def main() -> None:
             if knobs.get("hold_s"):
                 await asyncio.sleep(knobs["hold_s"])
             if knobs.get("status"):
-                return web.json_response({"error": "asked to fail"}, status=knobs["status"])
+                # ``error``: the error object to answer with (an engine's own shape), else a plain string.
+                return web.json_response({"error": knobs.get("error", "asked to fail")}, status=knobs["status"])
             chunks = int(knobs.get("chunks", 3))
             words = [f"w{i}" for i in range(chunks)]
             if not body.get("stream"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvfleet.router.migration import Splicer, continuation, progress
+from kvfleet.router.migration import Splicer, UsageFilter, continuation, engine_body, progress, with_usage_asked
 
 CHAT = (
     b'data: {"id":"c-1","object":"chat.completion.chunk","created":7,"model":"m",'
@@ -18,6 +18,65 @@ def test_progress_reads_back_the_text_tokens_id_and_role_sent() -> None:
     sent = progress(CHAT, chat=True)
     assert (sent.response_id, sent.created, sent.model) == ("c-1", 7, "m")
     assert (sent.text, sent.chunks, sent.role_sent, sent.finish_reason, sent.done) == ("Hello", 2, True, None, False)
+    assert sent.tokens == 2  # no usage in the chunks: counted by content chunks
+
+
+def _chunk(text: str, completion_tokens: int | None) -> bytes:
+    obj: dict[str, object] = {"id": "x", "created": 1, "choices": [{"index": 0, "text": text}]}
+    if completion_tokens is not None:
+        obj["usage"] = {
+            "prompt_tokens": 4,
+            "completion_tokens": completion_tokens,
+            "total_tokens": 4 + completion_tokens,
+        }
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def test_progress_counts_tokens_from_the_engines_usage_not_chunks() -> None:
+    # vLLM merges several tokens into one chunk when its reader lags: 3 chunks, 7 tokens.
+    merged = _chunk("a b", 3) + _chunk(" c d e", 6) + _chunk(" f", 7)
+    assert (progress(merged, chat=False).chunks, progress(merged, chat=False).tokens) == (3, 7)
+    # Chunks without usage after the last count are added one each (an engine that stopped sending it).
+    assert progress(merged + _chunk(" g", None) + _chunk(" h", None), chat=False).tokens == 9
+    plan = continuation(
+        "/v1/completions", {"model": "m", "prompt": "p", "max_tokens": 10}, progress(merged, chat=False)
+    )
+    assert plan.body is not None and plan.body["max_tokens"] == 3
+
+
+def test_the_engine_is_asked_for_usage_in_every_chunk_keeping_the_clients_options() -> None:
+    assert engine_body({"stream": True}) == {
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    mine = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    assert engine_body(mine) is None  # already asked: the client's bytes go as they were
+    # On the wire: spliced in (the router's own vllm_xargs in the bytes kept), or merged with the client's.
+    raw = b'{"vllm_xargs":{"kv_cache_report_mode":"full"},"model":"m","stream":true}'
+    spliced = json.loads(with_usage_asked(raw, {"model": "m", "stream": True}) or b"")
+    assert spliced["vllm_xargs"] == {"kv_cache_report_mode": "full"}
+    assert spliced["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    theirs = b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
+    merged = json.loads(with_usage_asked(theirs, json.loads(theirs)) or b"")
+    assert merged["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert with_usage_asked(json.dumps(mine).encode(), mine) is None
+
+
+def test_the_client_gets_only_the_usage_it_asked_for() -> None:
+    final = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":7,"total_tokens":11}}\n\n'
+    stream = _chunk("a", 1) + _chunk(" b", 2) + final + b"data: [DONE]\n\n"
+
+    def usages(raw: bytes) -> list[object]:
+        return [e.get("usage") for e in map(json.loads, raw.decode().split("data: ")[1:-1])]
+
+    none = UsageFilter({"stream": True}).apply(stream)
+    assert usages(none) == [None, None] and none.endswith(b"data: [DONE]\n\n")
+    final_only = UsageFilter({"stream": True, "stream_options": {"include_usage": True}}).apply(stream)
+    assert usages(final_only) == [None, None, {"prompt_tokens": 4, "completion_tokens": 7, "total_tokens": 11}]
+    every = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    assert UsageFilter(every).apply(stream) == stream
+    plain = _chunk("a", None)
+    assert UsageFilter({"stream": True}).apply(plain) is plain  # no usage: the bytes as they came
 
 
 def test_chat_continues_the_partial_assistant_message_with_fewer_tokens() -> None:

@@ -391,3 +391,36 @@ async def test_replica_headers_pass_through_except_hop_by_hop_ones() -> None:
     assert "x-request-id: abc-1" in head.lower() and names.count("set-cookie") == 2
     assert names.count("content-length") == 1 and "keep-alive" not in names
     assert "x-kvfleet-replica: r0" in head.lower()
+
+
+# vLLM 0.32.0's own 400 (its ErrorResponse: the exception's class name as ``type``, the HTTP status as
+# an integer ``code``), as it answered in tests/vllm.
+VLLM_400 = {
+    "message": "This model's maximum context length is 512 tokens. However, your request has 600 input tokens.",
+    "type": "BadRequestError",
+    "param": "prompt",
+    "code": 400,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_an_engines_error_reaches_the_client_in_openai_shape(backends: list[Backend], stream: bool) -> None:
+    source = source_for("errs", backends[:1])
+    body = {"model": "errs", "prompt": "x", "stream": stream, "kvfleet_test": {"status": 400, "error": VLLM_400}}
+    already = {"message": "no", "type": "invalid_request_error", "param": None, "code": "bad_thing"}
+    async with running_router(source) as router, aiohttp.ClientSession() as session:
+        async with session.post(f"{router.url}/v1/completions", json=body) as resp:
+            assert resp.status == 400 and resp.content_type == "application/json"
+            error = (await resp.json())["error"]
+        ok = {**body, "kvfleet_test": {"status": 422, "error": already}}
+        async with session.post(f"{router.url}/v1/completions", json=ok) as resp:
+            assert resp.status == 422
+            untouched = (await resp.json())["error"]
+    # OpenAI's schema: type a snake_case class, code a string or null; message and param kept.
+    assert error == {
+        "message": VLLM_400["message"],
+        "type": "invalid_request_error",
+        "param": "prompt",
+        "code": "context_length_exceeded",
+    }
+    assert untouched == already  # OpenAI's shape already: passed on as it came

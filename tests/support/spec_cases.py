@@ -169,6 +169,12 @@ CASES: list[tuple[str, list[tuple[str, Any]], str, str]] = [
         "spec.engine.tensorParallelSize",
         "GPUs",
     ),
+    (
+        "vllm-unknown-quantization",
+        [("spec.engine", {"kind": "vllm", "quantization": "bitsandbytes"})],
+        "spec.engine.quantization",
+        "not a vLLM method",
+    ),
     ("wrong-type", [("spec.autoscaling.minReplicas", "two")], "spec.autoscaling.minReplicas", "integer"),
     ("missing-model", [("spec.model", DELETE)], "spec.model", "required"),
 ]

@@ -26,6 +26,7 @@ from tests.engine_image.conftest import (  # the launcher tests' fixtures: moto'
     s3_endpoint,  # noqa: F401
     wait_until,
 )
+from tests.support.sse import DONE, data_events
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 START_TIMEOUT_S = 900.0  # pull, three interpreters' imports, model load, on 2 shared cores
@@ -45,12 +46,10 @@ async def _stream(url: str, body: dict[str, Any], first: asyncio.Event) -> tuple
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
         assert response.status == 200, await response.text()
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if line == "data: [DONE]":
+        async for event in data_events(response):
+            if event == DONE:
                 done = True
-            elif line.startswith("data: "):
-                event = json.loads(line[6:])
+            elif isinstance(event, dict):
                 if event.get("usage"):
                     tokens = int(event["usage"]["completion_tokens"])
                 first.set()
