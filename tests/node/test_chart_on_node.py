@@ -6,52 +6,19 @@ host's loopback (the address `up --real-node` prints)."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
-from pathlib import Path
 
-import pytest
 from support.real_cluster import wait_for
-from support.real_node import RealNodeCluster, dev_cluster, helm
+from support.real_node import RealNodeCluster
 
 from kvfleet.devcluster.realnode.settings import NODE_NAME
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "kvfleet"
 NAMESPACE = "kvfleet-system"
-COMPONENTS = ("operator", "router", "autoscaler")
 ERROR_MARKS = ("Traceback", " ERROR ", "level=error", "CRITICAL")
 
 
-@pytest.fixture(scope="module")
-def control_plane_image(real_node: RealNodeCluster) -> str:
-    """The control-plane image from `Dockerfile`, by `kvfleet dev cluster images` (built once,
-    cached by its inputs, and loaded into the node)."""
-    t0 = time.monotonic()
-    out = dev_cluster("images", "--dir", str(real_node.root), "--no-engine", env=real_node.env, timeout_s=1800)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (line,) = [line for line in out.stdout.splitlines() if line.startswith("kvfleet.local/kvfleet:")]
-    print(f"{line} ({time.monotonic() - t0:.0f} s with the command)")
-    name = line.split(":", 2)
-    return f"{name[0]}:{name[1]}"
-
-
-def test_helm_install_runs_the_control_plane_pods(real_node: RealNodeCluster, control_plane_image: str) -> None:
+def test_helm_install_runs_the_control_plane_pods(real_node: RealNodeCluster, chart: str) -> None:
     kubectl = real_node.kubectl
-    repository, tag = control_plane_image.rsplit(":", 1)
-    helm_binary = Path(real_node.env["KVFLEET_K8S_BIN"]) / "helm"
-    values = ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never"]
-    helm(
-        real_node,
-        helm_binary,
-        *("install", "kvfleet", str(CHART), "-n", NAMESPACE, "--create-namespace"),
-        *("-f", str(CHART / "ci" / "no-monitoring-values.yaml"), *values),
-    )
-    for component in COMPONENTS:
-        kubectl(
-            *("rollout", "status", "-n", NAMESPACE, f"deployment/kvfleet-{component}", "--timeout=240s"),
-            timeout_s=250,
-        )
     pods = kubectl.json("get", "pods", "-n", NAMESPACE)["items"]
     assert {p["spec"]["nodeName"] for p in pods} == {NODE_NAME}
     for pod in pods:
