@@ -39,3 +39,24 @@ def test_helm_install_runs_the_control_plane_pods(real_node: RealNodeCluster, ch
     assert wait_for(router_health, 60, "the router's /health through its Service") == 200
     with urllib.request.urlopen(f"{real_node.node['router']}/v1/models", timeout=5) as response:
         assert "data" in json.loads(response.read())
+
+
+def test_the_router_reaches_the_autoscaler_by_its_service_name(real_node: RealNodeCluster, chart: str) -> None:
+    """The router's wake URL names the autoscaler's Service (`...svc`): from the router's pod it
+    resolves through the node's CoreDNS and answers over the pod network; a wake without the
+    shared token is refused there, not lost on the way."""
+    kubectl = real_node.kubectl
+    (router, *_) = kubectl.json("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=router")["items"]
+    (url,) = [a.split("=", 1)[1] for a in router["spec"]["containers"][0]["args"] if a.startswith("--autoscaler-url=")]
+    assert ".svc:" in url, url
+    probe = (
+        "import sys, urllib.request, urllib.error\n"
+        "print(urllib.request.urlopen(sys.argv[1] + '/healthz', timeout=10).status)\n"
+        "try:\n"
+        "    urllib.request.urlopen(urllib.request.Request(sys.argv[1] + '/v1/wake', data=b'{}'), timeout=10)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code)\n"
+    )
+    out = kubectl("exec", "-n", NAMESPACE, router["metadata"]["name"], "--", "python", "-c", probe, url)
+    health, wake = out.split()
+    assert health == "200" and wake in ("401", "403"), out
