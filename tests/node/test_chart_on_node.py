@@ -8,10 +8,15 @@ from __future__ import annotations
 import json
 import urllib.request
 
+import pytest
 from support.real_cluster import wait_for
 from support.real_node import RealNodeCluster
 
 from kvfleet.devcluster.realnode.settings import NODE_NAME
+
+# A cold run builds the control-plane image (6-10 min on a busy 2-core machine) in the first
+# test's fixtures.
+pytestmark = pytest.mark.timeout(1800)
 
 NAMESPACE = "kvfleet-system"
 ERROR_MARKS = ("Traceback", " ERROR ", "level=error", "CRITICAL")
