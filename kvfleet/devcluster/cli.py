@@ -64,9 +64,9 @@ def up(root: Path, gpu_nodes: int, gpus_per_node: int, gpu_product: str, real_no
 
     try:
         bin_dir = ensure_binaries()
-        node_bin_dir = None
+        node_bin_dir = coredns = None
         if real_node:
-            node_bin_dir = _node_binaries()
+            node_bin_dir, coredns = _node_binaries()
         root.mkdir(parents=True, exist_ok=True)
         settings = ClusterSettings(
             root=root.resolve(),
@@ -75,6 +75,7 @@ def up(root: Path, gpu_nodes: int, gpus_per_node: int, gpu_product: str, real_no
             gpus_per_node=gpus_per_node,
             gpu_product=gpu_product,
             node_bin_dir=node_bin_dir,
+            coredns=coredns,
             router_service=router_service,
         )
         state = ControlPlane(settings).start()
@@ -107,14 +108,15 @@ def up(root: Path, gpu_nodes: int, gpus_per_node: int, gpu_product: str, real_no
         click.echo("(no kubectl on PATH)", err=True)
 
 
-def _node_binaries() -> Path:
-    from .realnode.binaries import ensure_node_binaries, missing_system_tools
+def _node_binaries() -> tuple[Path, Path]:
+    """The node's bin folder and its cluster DNS's binary (each built once, then cached)."""
+    from .realnode.binaries import ensure_coredns, ensure_node_binaries, missing_system_tools
     from .realnode.settings import NodeError, NodeSettings
 
     gone = missing_system_tools(NodeSettings.cni_bin_dir)
     if gone:
         raise NodeError(f"the real node needs {', '.join(gone)} (scripts/bootstrap --with-node installs them)")
-    return ensure_node_binaries()
+    return ensure_node_binaries(), ensure_coredns()
 
 
 @cluster.command()
@@ -180,9 +182,17 @@ def images(root: Path, engine: bool, torch_index: str | None, mirror: str) -> No
         base = node_images.base_image(mirror, click.echo)
         for image in wanted:
             t0 = time.monotonic()
-            name, tarball = node_images.repo_image(repo, image, base, click.echo)
-            node_images.import_image(socket, tarball)
+            image_base = base
+            if image.name == "engine-cpu":
+                index = torch_index or node_images.dockerfile_arg(repo / image.dockerfile, "TORCH_INDEX")
+                image_base = node_images.engine_base_image(repo, base, index, click.echo)
+            name, tarball = node_images.repo_image(repo, image, image_base, click.echo)
+            built_s = time.monotonic() - t0
+            loaded = node_images.load_repo_image(socket, name, tarball)
             size_mb = tarball.stat().st_size / 1e6
-            click.echo(f"{name}: {size_mb:.0f} MB, ready in {time.monotonic() - t0:.0f} s (loaded into the node)")
+            click.echo(
+                f"{name}: {size_mb:.0f} MB, built or found in {built_s:.0f} s, "
+                f"{'imported' if loaded else 'already in the node'}; ready in {time.monotonic() - t0:.0f} s"
+            )
     except NodeError as e:
         raise click.ClickException(str(e)) from e

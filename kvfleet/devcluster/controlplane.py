@@ -120,7 +120,9 @@ class ControlPlane:
             (s.root / sub).mkdir(parents=True, exist_ok=True)
         node_settings = None
         if s.node_bin_dir is not None:
-            node_settings = NodeSettings(root=s.root / "node", bin_dir=s.node_bin_dir, cluster_id=uuid.uuid4().hex[:12])
+            node_settings = NodeSettings(
+                root=s.root / "node", bin_dir=s.node_bin_dir, cluster_id=uuid.uuid4().hex[:12], coredns=s.coredns
+            )
         extra_ips = (node_settings.node_ip,) if node_settings else ()
         pki = make_pki(s.root / "pki", service_ip=first_service_ip(s.service_cidr), extra_ips=extra_ips)
         (s.root / "audit-policy.yaml").write_text(yaml.safe_dump(audit_policy(s.audit_user_groups)))

@@ -17,7 +17,7 @@ from .settings import COMPONENTS
 # A real node's processes around the control plane (kvfleet.devcluster.realnode): the namespace
 # holder and the port forwarder first (the control plane runs inside the namespace), the node last.
 NODE_FIRST = ("netns", "forward")
-NODE_LAST = ("containerd", "kubelet", "kube-proxy")
+NODE_LAST = ("containerd", "coredns", "kubelet", "kube-proxy")
 START_ORDER = (*NODE_FIRST, *COMPONENTS, *NODE_LAST)
 # Python processes are known by their module; binaries by their name.
 PYTHON_MODULES = {

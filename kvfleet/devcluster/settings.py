@@ -28,6 +28,8 @@ class ClusterSettings:
     # A real node beside the kwok ones (kvfleet.devcluster.realnode): its binaries' folder
     # (tools/node/build.sh), or None for kwok nodes only.
     node_bin_dir: Path | None = None
+    # The real node's cluster DNS binary (tools/coredns/build.sh); None: no cluster DNS.
+    coredns: Path | None = None
     # The Service the host's loopback port ``router`` forwards to (NAMESPACE/NAME:PORT): the
     # chart's router as `helm install kvfleet charts/kvfleet -n kvfleet-system` names it.
     router_service: str = "kvfleet-system/kvfleet-router:80"

@@ -50,6 +50,7 @@ class SeaweedS3:
     pid: int
     data_dir: Path
     log_path: Path
+    metrics_url: str = ""  # Prometheus text: per-bucket request counts and bytes sent
 
     def env(self) -> dict[str, str]:
         """boto3's standard variables for a subprocess that should talk to this server."""
@@ -130,6 +131,7 @@ def weed_command(weed: Path, data_dir: Path, config: Path, ports: dict[str, int]
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         f"-s3.config={config}",
+        f"-metricsPort={ports['metrics']}",
     ]
 
 
@@ -187,7 +189,7 @@ def seaweedfs_s3_server(
     config = root / "s3.json"
     config.write_text(json.dumps(_s3_identities(access_key, secret_key)))
     config.chmod(0o600)
-    names = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
+    names = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc", "metrics")
     ports: dict[str, int] = {}
     for name in names:  # distinct even if the kernel hands a port back twice
         port = pick_free_port()
@@ -213,6 +215,7 @@ def seaweedfs_s3_server(
         pid=proc.pid,
         data_dir=root,
         log_path=log_path,
+        metrics_url=f"http://127.0.0.1:{ports['metrics']}/metrics",
     )
     try:
         _wait_ready(server, proc, ready_timeout_s)

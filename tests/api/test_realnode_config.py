@@ -10,9 +10,17 @@ import pytest
 
 from kvfleet.devcluster.pki import Pki
 from kvfleet.devcluster.realnode.cgroups import hierarchies
-from kvfleet.devcluster.realnode.config import containerd_config, holder_plan, kube_proxy_config, kubelet_config
+from kvfleet.devcluster.realnode.config import (
+    containerd_config,
+    coredns_rbac,
+    corefile,
+    holder_plan,
+    kube_proxy_config,
+    kubelet_config,
+    node_argv,
+)
 from kvfleet.devcluster.realnode.forward import Route
-from kvfleet.devcluster.realnode.settings import NodeError, NodeSettings
+from kvfleet.devcluster.realnode.settings import DNS_USER, NodeError, NodeSettings
 from kvfleet.devcluster.realnode.wiring import with_real_node
 
 
@@ -44,6 +52,30 @@ def test_kubelet_and_kube_proxy_leave_the_host_alone(tmp_path: Path) -> None:
     assert set(plan["private_dirs"]) == {"/var/lib", "/var/log", "/run"}
     assert all(source.startswith(str(s.root)) for source in plan["private_dirs"].values())
     assert plan["sysctls"]["/proc/sys/vm/overcommit_memory"] == "1"
+
+
+def test_pods_resolve_through_the_node_s_coredns_only_when_it_runs(tmp_path: Path) -> None:
+    bare = settings(tmp_path)
+    assert kubelet_config(bare, tmp_path / "ca.crt")["clusterDNS"] == []
+    assert "coredns" not in node_argv(
+        bare,
+        {k: tmp_path / k for k in ("containerd", "kubelet", "kube-proxy")}
+        | {"kubelet-kubeconfig": tmp_path / "kk", "corefile": tmp_path / "Corefile"},
+    )
+    s = NodeSettings(
+        root=tmp_path / "node", bin_dir=tmp_path / "bin", cluster_id="abc123", coredns=tmp_path / "coredns"
+    )
+    assert kubelet_config(s, tmp_path / "ca.crt")["clusterDNS"] == ["10.99.0.1"]
+    conf = corefile(s, tmp_path / "coredns.kubeconfig")
+    assert "bind 10.99.0.1" in conf and f"kubeconfig {tmp_path / 'coredns.kubeconfig'}" in conf
+    assert "kubernetes cluster.local in-addr.arpa ip6.arpa" in conf
+    assert "forward" not in conf  # nothing upstream is reachable from the namespace
+    files = {k: tmp_path / k for k in ("containerd", "kubelet", "kube-proxy", "kubelet-kubeconfig", "corefile")}
+    assert node_argv(s, files)["coredns"] == [str(tmp_path / "coredns"), "-conf", str(tmp_path / "corefile")]
+    # Read-only: list and watch of what it serves, bound to its own user.
+    (_, role), (_, binding) = coredns_rbac()
+    assert {v for rule in role["rules"] for v in rule["verbs"]} == {"list", "watch"}
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": DNS_USER}]
 
 
 def test_the_api_server_serves_the_node_and_authorizes_kubelets(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ from support.real_node import RealNodeCluster
 
 from kvfleet.devcluster.controlplane import ClusterSettings, ControlPlane
 from kvfleet.devcluster.realnode import cgroups, images
-from kvfleet.devcluster.realnode.settings import NODE_NAME, NodeError
+from kvfleet.devcluster.realnode.binaries import ensure_coredns
+from kvfleet.devcluster.realnode.settings import NODE_NAME, NodeError, NodeSettings
 
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: one static binary, an image of one file
 IMAGE = "kvfleet.local/busybox:1"
@@ -86,12 +87,28 @@ def test_a_pod_really_runs(real_node: RealNodeCluster) -> None:
     cluster_ip = kubectl.json("get", "service", "web", "-n", "smoke")["spec"]["clusterIP"]
     body = kubectl("exec", "-n", "smoke", "web", "--", "/bin/busybox", "wget", "-qO-", f"http://{cluster_ip}/")
     assert body.strip() == "hello-from-web"
+    # The same Service by name, through the node's cluster DNS: the resolv.conf the kubelet wrote
+    # (the node address, the namespace's search path), a fully qualified name and one completed by
+    # the search path ("web" alone is the pod's own hostname in its /etc/hosts).
+    resolv = kubectl("exec", "-n", "smoke", "web", "--", "/bin/busybox", "cat", "/etc/resolv.conf")
+    assert f"nameserver {NodeSettings.node_ip}" in resolv and "search smoke.svc.cluster.local" in resolv, resolv
+    answer = kubectl("exec", "-n", "smoke", "web", "--", "/bin/busybox", "nslookup", "web.smoke.svc.cluster.local")
+    assert cluster_ip in answer, answer
+    for name in ("web.smoke", "web.smoke.svc"):
+        body = kubectl("exec", "-n", "smoke", "web", "--", "/bin/busybox", "wget", "-qO-", f"http://{name}/")
+        assert body.strip() == "hello-from-web", name
+    # A name that is no Service does not resolve (NXDOMAIN, not a hang).
+    missing = kubectl.run(
+        "exec", "-n", "smoke", "web", "--", "/bin/busybox", "nslookup", "nope.smoke.svc.cluster.local"
+    )
+    assert missing.returncode != 0 and "NXDOMAIN" in missing.stdout, missing.stdout
     print(f"real node up in {real_node.started_s:.1f} s")
 
 
 def test_a_failed_start_leaves_nothing(node_binaries: tuple[Path, Path], tmp_path: Path) -> None:
     """The kubelet exits at once: `up` fails naming it, and every process it had started (control
-    plane, containerd, kube-proxy, the namespace holder, the forwarder) is gone, with the cgroups."""
+    plane, containerd, the cluster DNS, kube-proxy, the namespace holder, the forwarder) is gone,
+    with the cgroups."""
     k8s_bin, node_bin = node_binaries
     broken = tmp_path / "bin"
     broken.mkdir()
@@ -99,7 +116,10 @@ def test_a_failed_start_leaves_nothing(node_binaries: tuple[Path, Path], tmp_pat
         (broken / name).symlink_to(node_bin / name)
     (broken / "kubelet").write_text("#!/bin/sh\necho 'kubelet: refusing to start (test)' >&2\nexit 3\n")
     (broken / "kubelet").chmod(0o755)
-    plane = ControlPlane(ClusterSettings(root=tmp_path / "dev", bin_dir=k8s_bin, gpu_nodes=1, node_bin_dir=broken))
+    settings = ClusterSettings(
+        root=tmp_path / "dev", bin_dir=k8s_bin, gpu_nodes=1, node_bin_dir=broken, coredns=ensure_coredns(quiet=True)
+    )
+    plane = ControlPlane(settings)
     with pytest.raises(NodeError, match="kubelet exited with status 3") as failure:
         plane.start()
     assert "refusing to start (test)" in str(failure.value)

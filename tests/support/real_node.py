@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,10 @@ from kvfleet.devcluster.processes import ClusterState
 from support.real_cluster import Kubectl
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+# The node cache's root inside the node (its /var/lib is the node's own folder, never the host's),
+# allowed by the chart's policy; engine pods get <root>/<namespace> below it.
+NODE_CACHE_ROOT = "/var/lib/kvfleet/models"
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,10 @@ class RealNodeCluster:
     def node(self) -> dict[str, str]:
         assert self.state.node is not None
         return self.state.node
+
+    def node_path(self, inside: str) -> Path:
+        """Where a path of the node's own /var/lib is on the host."""
+        return Path(self.node["root"]) / "private" / "var-lib" / inside.removeprefix("/var/lib/")
 
     @property
     def socket(self) -> Path:
@@ -65,3 +75,34 @@ def helm(cluster: RealNodeCluster, helm_binary: Path, *args: str, timeout_s: flo
     )
     assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stderr}\n{result.stdout[-2000:]}"
     return result.stdout
+
+
+@contextmanager
+def into_node(cluster: RealNodeCluster, host_port: int, node_port: int | None = None) -> Iterator[str]:
+    """A server on the host's loopback (``127.0.0.1:host_port``) reachable from pods at the node
+    address (the forwarder's ``--into``), as a datacenter's S3 would be; yields the URL pods use.
+    Stopped by its PID."""
+    from kvfleet.devcluster.realnode.settings import NodeSettings
+
+    port = node_port or host_port
+    holder = cluster.state.pids["netns"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvfleet.devcluster.realnode.forward",
+        f"--netns=/proc/{holder}/ns/net",
+        "--into",
+        f"{NodeSettings.node_ip}:{port}=127.0.0.1:{host_port}",
+    ]
+    log = (cluster.root / "logs" / f"into-{port}.log").open("ab")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        yield f"http://{NodeSettings.node_ip}:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()

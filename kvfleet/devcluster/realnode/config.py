@@ -8,7 +8,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .settings import KUBELET_PORT, NODE_LABEL, NODE_NAME, PAUSE_IMAGE, NodeSettings
+from .settings import (
+    CLUSTER_DOMAIN,
+    DNS_HEALTH_PORT,
+    DNS_PORT,
+    DNS_READY_PORT,
+    DNS_USER,
+    KUBELET_PORT,
+    NODE_LABEL,
+    NODE_NAME,
+    PAUSE_IMAGE,
+    NodeSettings,
+)
 
 # The global sysctls the kubelet sets when they differ (pkg/kubelet/cm's kernel tunables). The
 # namespace holder bind-mounts a file with each wanted value over its /proc/sys entry, so the
@@ -43,12 +54,13 @@ def _toml(table: dict[str, Any], prefix: str = "") -> list[str]:
     return lines
 
 
-def containerd_config(s: NodeSettings) -> str:
-    """containerd 1.6's config (version 2), every path the node's own."""
+def containerd_config(s: NodeSettings, root: Path | None = None) -> str:
+    """containerd 1.6's config (version 2), every path the node's own; ``root`` (its content and
+    snapshots) may be a store kept across clusters (``images.node_store``)."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     doc = {
         "version": 2,
-        "root": str(s.root / "containerd" / "root"),
+        "root": str(root or s.root / "containerd" / "root"),
         "state": str(s.root / "containerd" / "state"),
         "grpc": {"address": str(s.containerd_socket)},
         "ttrpc": {"address": str(s.containerd_socket) + ".ttrpc"},
@@ -131,7 +143,9 @@ def kubelet_config(s: NodeSettings, ca_file: Path) -> dict[str, Any]:
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": 10248,
         "resolvConf": "",  # no host DNS inside pods: nothing outside the namespace is reachable
-        "clusterDomain": "cluster.local",
+        "clusterDomain": CLUSTER_DOMAIN,
+        # Every pod's resolv.conf names the node's CoreDNS (none without one: names never resolve).
+        "clusterDNS": [s.node_ip] if s.coredns is not None else [],
         "maxPods": s.max_pods,
         "serializeImagePulls": False,
         # A shared machine's disk and memory sit well below upstream's thresholds' comfort: evict
@@ -166,9 +180,55 @@ def kube_proxy_config(s: NodeSettings, kubeconfig: Path) -> dict[str, Any]:
     }
 
 
+def corefile(s: NodeSettings, kubeconfig: Path) -> str:
+    """CoreDNS's configuration: the cluster's Services and pods from the API server, nothing else
+    (no upstream: nothing outside the namespace is reachable). Short TTLs: a dev cluster's
+    Services come and go between tests."""
+    return f"""\
+.:{DNS_PORT} {{
+    bind {s.node_ip}
+    errors
+    health 127.0.0.1:{DNS_HEALTH_PORT}
+    ready 127.0.0.1:{DNS_READY_PORT}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }}
+    cache 5
+}}
+"""
+
+
+def coredns_rbac() -> list[tuple[str, dict[str, Any]]]:
+    """(collection path, object): what the cluster DNS may read (upstream CoreDNS's rules)."""
+    name, read = "kvfleet:coredns", ["list", "watch"]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [
+            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": read},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": DNS_USER}],
+    }
+    base = "/apis/rbac.authorization.k8s.io/v1"
+    return [(f"{base}/clusterroles", role), (f"{base}/clusterrolebindings", binding)]
+
+
 def node_argv(s: NodeSettings, files: dict[str, Path]) -> dict[str, list[str]]:
     """Each node component's command line (run inside the namespace)."""
+    dns = {} if s.coredns is None else {"coredns": [str(s.coredns), "-conf", str(files["corefile"])]}
     return {
+        **dns,
         "containerd": ["containerd", f"--config={files['containerd']}"],
         "kubelet": [
             str(s.bin_dir / "kubelet"),

@@ -8,8 +8,13 @@ socket(2)) and copies bytes both ways. A target is ``ADDR:PORT`` inside the name
 few seconds), so a Service installed later (the chart's router) is reachable at a port printed at
 ``up``.
 
+The other way, ``--into ADDR:PORT=HOSTADDR:HOSTPORT`` listens inside the namespace (e.g. on the node
+address) and connects on the host: pods reach a server that runs on the host's loopback (an S3
+server in the tests) as they would reach one in their datacenter.
+
 Run: ``python -m kvfleet.devcluster.realnode.forward --netns /proc/PID/ns/net --ca CA --cert CRT
---key KEY --server URL PORT=TARGET ...``. Bounds: connections, connect timeout, lookup cache age.
+--key KEY --server URL PORT=TARGET ... [--into ADDR:PORT=HOSTADDR:HOSTPORT ...]``. Bounds:
+connections, connect timeout, lookup cache age.
 """
 
 from __future__ import annotations
@@ -46,6 +51,23 @@ class Route:
         return cls(int(port), target)
 
 
+@dataclass(frozen=True)
+class IntoRoute:
+    listen: tuple[str, int]  # inside the namespace
+    target: tuple[str, int]  # on the host
+
+    @classmethod
+    def parse(cls, text: str) -> IntoRoute:
+        listen, sep, target = text.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            (la, _, lp), (ta, _, tp) = listen.rpartition(":"), target.rpartition(":")
+            return cls((la, int(lp)), (ta, int(tp)))
+        except ValueError:
+            raise ValueError(f"an --into route must be ADDR:PORT=HOSTADDR:HOSTPORT, got {text!r}") from None
+
+
 class NetnsSockets:
     """Creates TCP sockets inside another network namespace (setns(2) there and back, on this thread)."""
 
@@ -65,6 +87,19 @@ class NetnsSockets:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         finally:
             self._setns(self._home)
+        sock.setblocking(False)
+        return sock
+
+    def tcp_listener(self, addr: tuple[str, int]) -> socket.socket:
+        """A listening socket inside the namespace (it stays there after this thread goes home)."""
+        self._setns(self._target)
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        finally:
+            self._setns(self._home)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
         sock.setblocking(False)
         return sock
 
@@ -111,7 +146,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 class Forwarder:
     def __init__(self, sockets: NetnsSockets, resolver: Resolver) -> None:
-        self._sockets = sockets
+        self.sockets = sockets
         self._resolver = resolver
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
 
@@ -120,7 +155,7 @@ class Forwarder:
             loop = asyncio.get_running_loop()
             try:
                 addr = await loop.run_in_executor(None, self._resolver.resolve, route.target)
-                sock = self._sockets.tcp_socket()
+                sock = self.sockets.tcp_socket()
                 await asyncio.wait_for(loop.sock_connect(sock, addr), CONNECT_TIMEOUT_S)
                 up_reader, up_writer = await asyncio.open_connection(sock=sock)
             except (OSError, TimeoutError, KeyError, ValueError):
@@ -130,9 +165,27 @@ class Forwarder:
             for w in (writer, up_writer):
                 w.close()
 
+    async def handle_into(self, route: IntoRoute, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async with self._slots:
+            try:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*route.target), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError):
+                writer.close()
+                return
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            for w in (writer, up_writer):
+                w.close()
 
-async def serve(routes: list[Route], forwarder: Forwarder) -> None:
+
+async def serve(routes: list[Route], forwarder: Forwarder, into: list[IntoRoute] | None = None) -> None:
     servers = []
+    for into_route in into or []:
+
+        async def on_into(r: asyncio.StreamReader, w: asyncio.StreamWriter, route: IntoRoute = into_route) -> None:
+            await forwarder.handle_into(route, r, w)
+
+        listener = forwarder.sockets.tcp_listener(into_route.listen)
+        servers.append(await asyncio.start_server(on_into, sock=listener))
     for route in routes:
 
         async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter, route: Route = route) -> None:
@@ -149,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ca")
     parser.add_argument("--cert")
     parser.add_argument("--key")
-    parser.add_argument("routes", nargs="+", type=Route.parse)
+    parser.add_argument("routes", nargs="*", type=Route.parse)
+    parser.add_argument("--into", action="append", type=IntoRoute.parse, default=[])
     args = parser.parse_args(argv)
     api = None
     if args.server:
@@ -167,7 +221,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         # The API server is itself behind this forwarder: the lookups go to its host port.
         api = AdminApi(args.server, pki)
-    asyncio.run(serve(args.routes, Forwarder(NetnsSockets(args.netns), Resolver(api))))
+    if not args.routes and not args.into:
+        parser.error("no route: give PORT=TARGET or --into ADDR:PORT=HOSTADDR:HOSTPORT")
+    asyncio.run(serve(args.routes, Forwarder(NetnsSockets(args.netns), Resolver(api)), args.into))
 
 
 if __name__ == "__main__":

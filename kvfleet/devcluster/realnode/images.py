@@ -8,7 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +71,30 @@ def import_image(socket: Path, tarball: Path) -> None:
 def node_images(socket: Path) -> list[str]:
     out = _run(["ctr", "--address", str(socket), "-n", "k8s.io", "images", "list", "-q"], "list images", 60)
     return out.splitlines()
+
+
+def load_repo_image(socket: Path, name: str, tarball: Path) -> bool:
+    """Import ``name`` (``kvfleet.local/IMAGE:<input hash>``) unless the node's store has it (the
+    store outlives clusters: see ``node_store``), then drop the store's other tags of the image so
+    it holds one build of each. True when it was imported."""
+    present = node_images(socket)
+    loaded = name not in present
+    if loaded:
+        import_image(socket, tarball)
+    repository = name.rsplit(":", 1)[0]
+    old = [ref for ref in present if ref.rsplit(":", 1)[0] == repository and ref != name]
+    if old:
+        # containerd's garbage collector then frees their layers (those still used stay).
+        _run(["ctr", "--address", str(socket), "-n", "k8s.io", "images", "rm", *old], "remove old images", 120)
+    return loaded
+
+
+def node_store() -> Path:
+    """containerd's root (content and unpacked snapshots) kept across real-node clusters in the
+    image cache, so a warm `up` finds the engine image (GBs) already imported; never the host's
+    /var/lib. One cluster at a time holds it (a lock its containerd keeps open); another cluster
+    meanwhile gets a store of its own."""
+    return cache_dir() / "node-containerd"
 
 
 # --- the repository's own images, from its Dockerfiles as committed -------------------------------
@@ -158,6 +184,90 @@ def base_image(mirror: str, log: Callable[[str], None]) -> str:
     return name
 
 
+# The engine image's heavy part, torch (GBs from the registry) and the package's dependencies,
+# installed once into a base of its own keyed by their pins: the engine Dockerfile, built as
+# committed on it, finds them satisfied and adds only kvfleet, so a source change rebuilds in
+# minutes instead of a quarter of an hour. pip's downloads are kept in the image cache (for this
+# step only) so a new pin downloads only what changed.
+ENGINE_BASE_NAME = "kvfleet.local/engine-base"
+
+
+def engine_requirements(repo: Path) -> list[str]:
+    """The dependencies the engine image's ``pip install "/src[engine]"`` asks for, torch excluded
+    (its own step installs it from TORCH_INDEX)."""
+    project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    reqs = [*project["dependencies"], *project["optional-dependencies"]["engine"]]
+    return [r for r in reqs if not re.match(r"torch\b", r)]
+
+
+# Packages of the running environment never pinned into the engine base: kvfleet itself (the
+# Dockerfile installs it) and torch with its CUDA companions (TORCH_INDEX's build decides them).
+_UNPINNED = re.compile(r"^(kvfleet.*|torch|triton|nvidia-.*|cuda-.*|pip|setuptools|wheel)$")
+
+
+def pinned_constraints() -> str:
+    """pip constraints: every package of the environment this runs in (the one the tests pass
+    with) at its installed version. Without them pip's resolver backtracked through hundreds of
+    boto3/botocore releases for 20 minutes in the image build; with them it resolves at once."""
+    from importlib.metadata import distributions
+
+    pins = set()
+    for dist in distributions():
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if name and not _UNPINNED.match(name):
+            pins.add(f"{name}=={dist.version}")
+    return "\n".join(sorted(pins)) + "\n"
+
+
+def dockerfile_arg(dockerfile: Path, name: str) -> str:
+    """An ``ARG NAME=default`` line's default in ``dockerfile``."""
+    m = re.search(rf"^ARG {name}=(\S+)\s*$", dockerfile.read_text(), re.M)
+    if m is None:
+        raise NodeError(f"{dockerfile}: no default for ARG {name}")
+    return m.group(1)
+
+
+def engine_base_image(repo: Path, base: str, torch_index: str, log: Callable[[str], None]) -> str:
+    """``kvfleet.local/engine-base:<hash>`` in buildah's store: ``base`` with the engine
+    Dockerfile's torch pin (from ``torch_index``) and the engine's dependencies installed."""
+    torch = dockerfile_arg(repo / "engine_image" / "Dockerfile.cpu", "TORCH_VERSION")
+    reqs = engine_requirements(repo)
+    constraints = pinned_constraints()
+    key = hashlib.sha256(json.dumps([base, torch, torch_index, reqs, constraints, "v1"]).encode()).hexdigest()[:12]
+    name = f"{ENGINE_BASE_NAME}:{key}"
+    b = buildah_argv(cache_dir() / "buildah")
+    if subprocess.run([*b, "inspect", "--type", "image", name], capture_output=True, check=False).returncode == 0:
+        return name
+    pip_cache = cache_dir() / "pip"
+    pip_cache.mkdir(parents=True, exist_ok=True)
+    pins = cache_dir() / f"engine-base-constraints-{key}.txt"
+    pins.write_text(constraints)
+    mounts = ["--volume", f"{pip_cache}:/root/.cache/pip", "--volume", f"{pins}:/etc/kvfleet-pip-constraints.txt:ro"]
+    if Path(HOST_CA_BUNDLE).exists():
+        mounts += ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
+    container = _run([*b, "from", "--pull-never", base], "engine base")
+    try:
+        run = [*b, "run", "--isolation=chroot", *mounts, container, "--", "pip", "install", "--no-warn-script-location"]
+        log(f"engine base: torch=={torch} from {torch_index} ...")
+        _run([*run, "--index-url", torch_index, f"torch=={torch}"], "engine base (torch)")
+        log(f"engine base: {len(reqs)} dependencies ...")
+        _run([*run, "-c", "/etc/kvfleet-pip-constraints.txt", *reqs], "engine base (dependencies)")
+        _run([*b, "commit", "-q", container, name], "engine base")
+    finally:
+        subprocess.run([*b, "rm", container], capture_output=True, check=False)
+    for old in _list_images(b, ENGINE_BASE_NAME):
+        if old != name:
+            subprocess.run([*b, "rmi", old], capture_output=True, check=False)
+    return name
+
+
+def _list_images(b: list[str], repo_name: str) -> list[str]:
+    out = subprocess.run(
+        [*b, "images", "--format", "{{.Name}}:{{.Tag}}", repo_name], capture_output=True, text=True, check=False
+    )
+    return [line for line in out.stdout.splitlines() if line.startswith(repo_name + ":")]
+
+
 def repo_image(repo: Path, image: RepoImage, base: str, log: Callable[[str], None]) -> tuple[str, Path]:
     """Build ``image`` from the repository's Dockerfile with the local base; returns its name and
     its cached docker-archive tarball (a warm run returns the tarball without building)."""
@@ -195,6 +305,9 @@ def repo_image(repo: Path, image: RepoImage, base: str, log: Callable[[str], Non
     tmp.unlink(missing_ok=True)
     _run([*b, "push", name, f"docker-archive:{tmp}:{name}"], f"export {image.name}")
     tmp.replace(out)
+    # The tarball is the cache: the built image's own copy in buildah's store (vfs: a full copy of
+    # every layer, GBs for the engine) goes.
+    subprocess.run([*b, "rmi", name], capture_output=True, check=False)
     _prune(b, image.name, keep=out)
     return name, out
 

@@ -3,7 +3,8 @@
 ``RealNode.start_namespace`` starts the namespace holder; the control plane's components then run
 inside it (their ``nsenter`` prefix is ``RealNode.enter``) so pods reach the API server at the node
 address, and the host reaches them through ``forward``. ``start_node`` then starts containerd
-(with the pause image imported), the kubelet and kube-proxy, and waits for the Node to be Ready.
+(with the pause image imported), the cluster DNS (CoreDNS), the kubelet and kube-proxy, and waits
+for the DNS and the Node to be Ready.
 
 ``stop_node`` is the teardown, shared by the process that started the node and ``kvfleet dev
 cluster down`` (which only has the state file): pods removed through the CRI, every process still
@@ -14,6 +15,7 @@ folders removed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -29,8 +31,18 @@ from ..admin import AdminApi, kubeconfig_document
 from ..pki import Pki, issue_client_cert
 from ..processes import PYTHON_MODULES, stop_pids
 from . import cgroups, images
-from .config import cni_network, containerd_config, holder_plan, kube_proxy_config, kubelet_config, node_argv
-from .settings import NODE_NAME, PAUSE_IMAGE, NodeError, NodeSettings
+from .config import (
+    cni_network,
+    containerd_config,
+    coredns_rbac,
+    corefile,
+    holder_plan,
+    kube_proxy_config,
+    kubelet_config,
+    node_argv,
+)
+from .forward import NetnsSockets
+from .settings import DNS_READY_PORT, DNS_USER, NODE_NAME, PAUSE_IMAGE, NodeError, NodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +76,39 @@ def _node_ready(api: AdminApi) -> str | None:
     return None if ready.get("status") == "True" else f"Ready={ready.get('status')} {ready.get('message', '')}"
 
 
+def _dns_ready(netns: str) -> str | None:
+    """CoreDNS's ``/ready`` inside the namespace (200 once the kubernetes plugin has synced)."""
+    try:
+        sock = NetnsSockets(netns).tcp_socket()
+    except OSError as e:
+        return f"no socket in the namespace: {e}"
+    with sock:
+        sock.setblocking(True)
+        sock.settimeout(2.0)
+        try:
+            sock.connect(("127.0.0.1", DNS_READY_PORT))
+            sock.sendall(b"GET /ready HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            line = sock.recv(64).split(b"\r\n", 1)[0].decode(errors="replace")
+        except OSError as e:
+            return f"/ready: {e}"
+    return None if " 200 " in f"{line} " else f"/ready: {line}"
+
+
+def _take_store() -> tuple[Path | None, int]:
+    """The shared containerd store and a locked descriptor on it, or (None, -1) when another
+    cluster holds it (this one then keeps a store of its own, imported anew)."""
+    store = images.node_store()
+    store.mkdir(parents=True, exist_ok=True)
+    fd = os.open(store / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        log.info("containerd's shared store %s is in use: this node keeps its own", store)
+        return None, -1
+    return store, fd
+
+
 class RealNode:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
@@ -78,10 +123,17 @@ class RealNode:
         pid = self.holder_pid
         return ["nsenter", f"--net=/proc/{pid}/ns/net", f"--mount=/proc/{pid}/ns/mnt", "--"]
 
-    def _spawn(self, name: str, argv: list[str], log_dir: Path) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, argv: list[str], log_dir: Path, pass_fds: tuple[int, ...] = ()
+    ) -> subprocess.Popen[bytes]:
         with open(log_dir / f"{name}.log", "ab") as out:
             proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=pass_fds,
             )
         self.procs[name] = proc
         log.info("started %s (pid %d)", name, proc.pid)
@@ -131,15 +183,20 @@ class RealNode:
             "kube-proxy": s.root / "kube-proxy.yaml",
             "kubelet-kubeconfig": s.root / "kubelet.kubeconfig",
             "kube-proxy-kubeconfig": s.root / "kube-proxy.kubeconfig",
+            "coredns-kubeconfig": s.root / "coredns.kubeconfig",
+            "corefile": s.root / "Corefile",
         }
-        files["containerd"].write_text(containerd_config(s))
+        store, lock_fd = _take_store()
+        files["containerd"].write_text(containerd_config(s, store))
         (s.root / "cni" / "net.d" / "10-kvfleet.conflist").write_text(json.dumps(cni_network(s), indent=2))
         files["kubelet"].write_text(yaml.safe_dump(kubelet_config(s, pki.ca_cert)))
         files["kube-proxy"].write_text(yaml.safe_dump(kube_proxy_config(s, files["kube-proxy-kubeconfig"])))
+        files["corefile"].write_text(corefile(s, files["coredns-kubeconfig"]))
         server = f"https://{s.node_ip}:{apiserver_port}"
         identities = {
             "kubelet-kubeconfig": ("kubelet", f"system:node:{NODE_NAME}", "system:nodes"),
             "kube-proxy-kubeconfig": ("kube-proxy", "system:kube-proxy", None),
+            "coredns-kubeconfig": ("coredns", DNS_USER, None),
         }
         for key, (stem, user, group) in identities.items():
             cert, keyfile = issue_client_cert(pki, s.root / "pki", stem, user, group)
@@ -149,13 +206,28 @@ class RealNode:
         argv = node_argv(s, files)
         enter = self.enter()
 
-        self._spawn("containerd", [*enter, *argv["containerd"]], log_dir)
+        try:
+            # containerd inherits the store's lock and holds it while it runs.
+            self._spawn("containerd", [*enter, *argv["containerd"]], log_dir, (lock_fd,) if lock_fd >= 0 else ())
+        finally:
+            if lock_fd >= 0:
+                os.close(lock_fd)
+        log.info("containerd's store: %s", store or s.root / "containerd" / "root")
         self._wait("containerd", lambda: None if s.containerd_socket.exists() else "no socket yet", log_dir)
         pause = images.files_image(PAUSE_IMAGE, {"/pause": s.bin_dir / "pause"}, ["/pause"])
         images.import_image(s.containerd_socket, pause)
         cgroups.make_root(s.cgroup_root)
+        if "coredns" in argv:
+            for collection, obj in coredns_rbac():
+                status, body = api.call("POST", collection, obj)
+                if status not in (201, 409):
+                    raise NodeError(f"the cluster DNS's RBAC ({obj['kind']}): {status} {body}")
+            self._spawn("coredns", [*enter, *argv["coredns"]], log_dir)
         self._spawn("kubelet", [*enter, *argv["kubelet"]], log_dir)
         self._spawn("kube-proxy", [*enter, *argv["kube-proxy"]], log_dir)
+        if "coredns" in argv:
+            netns = f"/proc/{self.holder_pid}/ns/net"
+            self._wait("coredns", lambda: _dns_ready(netns), log_dir)
         self._wait("kubelet", lambda: _node_ready(api), log_dir)
 
     def state(self) -> dict[str, str]:
@@ -208,7 +280,8 @@ def stop_node(
     shim died), each killed by its PID; then the cgroup folders. Returns the names stopped."""
     handles = handles or {}
     timeout_s = settings.stop_timeout_s
-    stopped = _stop([n for n in ("kube-proxy", "kubelet") if n in pids or n in handles], pids, handles, timeout_s)
+    first = ("coredns", "kube-proxy", "kubelet")
+    stopped = _stop([n for n in first if n in pids or n in handles], pids, handles, timeout_s)
     if "containerd" in pids or "containerd" in handles:
         remove_pods(settings, timeout_s)
         stopped += _stop(["containerd"], pids, handles, timeout_s)

@@ -14,6 +14,14 @@ NODE_LABEL = "kvfleet.io/real-node"  # set on the real node; kwok nodes never ca
 KWOK_TAINT = {"key": "kvfleet.io/kwok", "value": "fake", "effect": "NoSchedule"}
 PAUSE_IMAGE = "kvfleet.local/pause:1"  # the pod sandbox image, built from tools/node/pause
 KUBELET_PORT = 10250  # inside the node's own network namespace: no other process can hold it
+CLUSTER_DOMAIN = "cluster.local"
+# The cluster DNS (CoreDNS, tools/coredns) answers on the node address's port 53, where the
+# kubelet points every pod's resolv.conf (as NodeLocal DNSCache does with its node-local address);
+# its health and readiness ports listen on the namespace's loopback only.
+DNS_PORT = 53
+DNS_HEALTH_PORT = 10280
+DNS_READY_PORT = 10281
+DNS_USER = "system:kvfleet-coredns"  # its client certificate's user, bound to read-only RBAC
 
 
 class NodeError(RuntimeError):
@@ -31,6 +39,8 @@ class NodeSettings:
     ready_timeout_s: float = 90.0  # node Ready in ~4 s here; a cold containerd store takes longer
     stop_timeout_s: float = 20.0  # per step of the teardown before SIGKILL
     max_pods: int = 30  # a laptop-sized node: bounds what one test run can start
+    # The cluster DNS's binary (tools/coredns/build.sh); None: pods resolve no Service names.
+    coredns: Path | None = None
 
     def __post_init__(self) -> None:
         ipaddress.ip_address(self.node_ip)
