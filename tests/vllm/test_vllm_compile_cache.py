@@ -21,12 +21,12 @@ from kvfleet.local.models import VLLM_TINY_MODEL
 from kvfleet.weight_cache import populate
 from kvfleet.weight_cache.s3 import S3Client
 from kvfleet.weight_cache.signing import generate_key_pair, public_pem
-from tests.engine_image.conftest import (  # the launcher tests' fixtures: moto's S3 server, launchers
+from kvfleet_testkit.seaweedfs import SeaweedS3
+from tests.engine_image.conftest import (  # the launcher tests' fixtures: the real S3 server, launchers
     LauncherProcess,
     launcher_env,
     launchers,  # noqa: F401
     s3_client,  # noqa: F401
-    s3_endpoint,  # noqa: F401
     wait_until,
 )
 
@@ -94,7 +94,7 @@ def test_vllms_compile_cache_is_an_artifact_restored_before_the_next_start(
     vllm_installed: None,
     tmp_path: Path,
     s3_client: S3Client,  # noqa: F811
-    s3_endpoint: str,  # noqa: F811
+    seaweedfs: SeaweedS3,
     launchers: list[LauncherProcess],  # noqa: F811
 ) -> None:
     from kvfleet.engine.tiny_model import make_tiny_model
@@ -114,7 +114,7 @@ def test_vllms_compile_cache_is_an_artifact_restored_before_the_next_start(
     # (KVFLEET_NODE_CACHE), so the weights sit at the same <node cache>/models/<digest> on every node.
     node = tmp_path / "node"
     # Without the artifact: the builder's launch compiles and pushes what vLLM built.
-    cold, launcher = _launch(spec, tmp_path, launcher_env(s3_endpoint, node) | builder, launchers)
+    cold, launcher = _launch(spec, tmp_path, launcher_env(seaweedfs, node) | builder, launchers)
     assert cold["phaseDetails"]["artifacts"]["source"] == "miss" and cold["artifactsPushed"] is True, cold
     cold_log = launcher.log
     assert "--enforce-eager" not in cold_log, cold_log[-3000:]
@@ -123,7 +123,7 @@ def test_vllms_compile_cache_is_an_artifact_restored_before_the_next_start(
     # With it, on a fresh node (the same mount path, nothing on it): restored from the bucket before
     # vLLM starts, and vLLM loads it instead of compiling.
     shutil.rmtree(node)
-    warm, launcher = _launch(spec, tmp_path, launcher_env(s3_endpoint, node) | engine_pod, launchers)
+    warm, launcher = _launch(spec, tmp_path, launcher_env(seaweedfs, node) | engine_pod, launchers)
     artifacts = warm["phaseDetails"]["artifacts"]
     warm_log = launcher.log
     assert launcher.stop() == 0

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from engine_image.engine_args import RenderInputs, render_vllm
+from kvfleet.engine_image.engine_args import RenderInputs, render_vllm
 from kvfleet.local.models import VLLM_TINY_MODEL
 from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet.validation import validate_spec

@@ -1,5 +1,5 @@
 """The launcher (`kvfleet engine launch`, the engine image's entrypoint) with ``engine.kind: vllm``
-and ``resources.gpus: 0``: it pulls the weights from S3 (moto's server), renders vLLM's command
+and ``resources.gpus: 0``: it pulls the weights from the real S3 server (SeaweedFS), renders vLLM's command
 (``render_vllm``), starts vLLM's CPU build, reports the cold start, serves, and on SIGTERM vLLM
 finishes the stream it is running and both exit 0. One vLLM start."""
 
@@ -18,12 +18,12 @@ import pytest
 from kvfleet.local.models import VLLM_TINY_MODEL
 from kvfleet.weight_cache import populate
 from kvfleet.weight_cache.s3 import S3Client
-from tests.engine_image.conftest import (  # the launcher tests' fixtures: moto's S3 server, launchers
+from kvfleet_testkit.seaweedfs import SeaweedS3
+from tests.engine_image.conftest import (  # the launcher tests' fixtures: the real S3 server, launchers
     LauncherProcess,
     launcher_env,
     launchers,  # noqa: F401
     s3_client,  # noqa: F401
-    s3_endpoint,  # noqa: F401
     wait_until,
 )
 from tests.support.sse import DONE, data_events
@@ -60,7 +60,7 @@ def test_launcher_starts_vllm_on_cpu_and_drains_it(
     vllm_installed: None,
     tmp_path: Path,
     s3_client: S3Client,  # noqa: F811
-    s3_endpoint: str,  # noqa: F811
+    seaweedfs: SeaweedS3,
     launchers: list[LauncherProcess],  # noqa: F811
 ) -> None:
     from kvfleet.engine.tiny_model import make_tiny_model
@@ -86,7 +86,7 @@ def test_launcher_starts_vllm_on_cpu_and_drains_it(
             "cache": {"bucket": bucket},
         },
     }
-    launcher = LauncherProcess(spec, tmp_path, launcher_env(s3_endpoint, tmp_path / "node"))
+    launcher = LauncherProcess(spec, tmp_path, launcher_env(seaweedfs, tmp_path / "node"))
     launchers.append(launcher)
     report = wait_until(
         lambda: (
