@@ -11,9 +11,15 @@ import kvfleet.engine
 
 ENGINE_DIR = Path(kvfleet.engine.__file__).parent
 # Names and wire shapes the engine shares with the router and the autoscaler (metric names, OpenAI's
-# error bodies): data, no behaviour, no kvfleet imports.
+# error bodies), and the streamed model folder it shares with the weight pull: no kvfleet imports.
 SHARED_CONTRACTS = frozenset(
-    {"kvfleet.client_connections", "kvfleet.contracts", "kvfleet.openai_shape", "kvfleet.token_bucket"}
+    {
+        "kvfleet.client_connections",
+        "kvfleet.contracts",
+        "kvfleet.openai_shape",
+        "kvfleet.token_bucket",
+        "kvfleet.weight_stream",
+    }
 )
 DYNAMIC_IMPORTS = frozenset({"import_module", "__import__"})
 
