@@ -16,6 +16,7 @@ signed by a trusted key, or do not match what was signed, are refused with the r
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from kvfleet.spec import InferenceDeploymentSpec
@@ -94,11 +95,20 @@ class CacheWeights:
     def pull(self, launch: LaunchSpec, progress: TransferProgress) -> PulledWeights:
         return self._pull(launch, progress, None)
 
-    def pull_streaming(self, launch: LaunchSpec, progress: TransferProgress, stream_link: Path) -> PulledWeights:
-        """As ``pull``, while ``stream_link`` fills with each file the moment its sha256 matched."""
-        return self._pull(launch, progress, stream_link)
+    def pull_streaming(
+        self, launch: LaunchSpec, progress: TransferProgress, stream_link: Path, stop: threading.Event | None = None
+    ) -> PulledWeights:
+        """As ``pull``, while ``stream_link`` fills with each file the moment its sha256 matched;
+        ``stop`` ends the download early (``pull_model``)."""
+        return self._pull(launch, progress, stream_link, stop)
 
-    def _pull(self, launch: LaunchSpec, progress: TransferProgress, stream_link: Path | None) -> PulledWeights:
+    def _pull(
+        self,
+        launch: LaunchSpec,
+        progress: TransferProgress,
+        stream_link: Path | None,
+        stop: threading.Event | None = None,
+    ) -> PulledWeights:
         spec = launch.spec
         location = weights_location(spec)
         settings = self._settings or PullSettings(
@@ -115,6 +125,7 @@ class CacheWeights:
                 progress=progress,
                 expected_digest=launch.pinned_digest,
                 stream_link=stream_link,
+                stop=stop,
             )
         except DigestMismatchError as e:
             # Refused on the manifest, before a byte of the other weights was fetched or loaded.

@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +46,7 @@ from .events import log, log_event
 from .launch_spec import LaunchSpec
 from .metrics_server import ColdStartMetrics, make_app, start_metrics_server
 from .model_pin import pin_refusal, read_pin
-from .overlap import OverlapDecision, decide_overlap
+from .overlap import OverlapDecision, decide_overlap, during_pull
 from .phases import Clock, PhaseRecord, PhaseRecorder
 from .readiness import serve_first_token, wait_healthy
 from .settings import LauncherSettings
@@ -203,7 +204,7 @@ class Launcher:
         except RenderError as e:
             raise SpecError(str(e)) from e
 
-    async def _pull(self, stream_link: Path | None = None) -> PulledWeights:
+    async def _pull(self, stream_link: Path | None = None, stop: threading.Event | None = None) -> PulledWeights:
         with self.recorder.phase("pull") as detail:
             # Read at each start: a pin written after this pod was created holds from its next start.
             pinned = await self._in_thread(read_pin, self.settings.pin_path)
@@ -212,7 +213,9 @@ class Launcher:
             try:
                 if stream_link is not None:
                     streaming = cast(StreamingWeightPuller, self.deps.weights)
-                    weights = await self._in_thread(streaming.pull_streaming, launch, self.pull_progress, stream_link)
+                    weights = await self._in_thread(
+                        streaming.pull_streaming, launch, self.pull_progress, stream_link, stop
+                    )
                 else:
                     weights = await self._in_thread(self.deps.weights.pull, launch, self.pull_progress)
             finally:
@@ -272,10 +275,35 @@ class Launcher:
         command = self._render(link, None, arrival_timeout_s=self.settings.weights_arrival_timeout_s)
         started = self.deps.clock()
         self._engine = engine = await self._start_engine(command)
-        weights = await self._pull(stream_link=link)  # a failure stops the engine in _cleanup
+        weights = await self._pull_watching(engine, link)  # a failure stops the engine in _cleanup
         ahead = self.deps.clock() - started
         await self._artifacts.restore(weights, lambda: command.argv)  # off when overlapping: recorded so
         return engine, started, ahead
+
+    async def _pull_watching(self, engine: EngineProcess, link: Path) -> PulledWeights:
+        """The pull into ``link`` with the engine watched beside it: an engine that exits first
+        stops the pull (bounded by ``pull_stop_timeout_s``) and fails the launch in engine_start
+        with its exit code and last output, as a failed start without overlap does."""
+        stop = threading.Event()
+        pull = asyncio.create_task(self._pull(stream_link=link, stop=stop), name="pull")
+        exited = asyncio.create_task(engine.wait(), name="engine-watch")
+        try:
+            await asyncio.wait({pull, exited}, return_when=asyncio.FIRST_COMPLETED)
+            decision = during_pull(pull_ended=pull.done(), engine_returncode=exited.result() if exited.done() else None)
+            if decision.action == "stop_pull":
+                log_event("pull_stopped", reason=decision.reason)
+                stop.set()
+                await asyncio.wait({pull}, timeout=self.settings.pull_stop_timeout_s)
+                raise EngineExitedError("engine_start", exited.result(), engine.tail())
+            return pull.result()
+        finally:
+            # A stop signal cancels this task: the pull's thread is told too, not left copying.
+            stop.set()
+            for task in (pull, exited):
+                task.cancel()
+            await asyncio.wait({pull, exited})
+            if not pull.cancelled():
+                pull.exception()  # a stopped pull's own error is read here: the engine's is reported
 
     async def _run_phases(self, session: aiohttp.ClientSession) -> int:
         overlap = self.overlap()

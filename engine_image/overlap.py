@@ -3,11 +3,14 @@ reason, logged at every launch.
 
 With overlap the launcher starts the reference engine at once on a folder the pull fills with
 verified files (kvfleet.weight_stream): the engine's own start (imports, allocation) and the load
-of each shard run while later shards download, instead of after the whole pull."""
+of each shard run while later shards download, instead of after the whole pull. While the pull
+runs the launcher watches the engine too (``during_pull``): an engine that exits first stops the
+pull at once, and the launch fails in engine_start as it would without overlap."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from kvfleet.spec import InferenceDeploymentSpec
 
@@ -32,3 +35,25 @@ def decide_overlap(spec: InferenceDeploymentSpec, *, enabled: bool, artifacts_st
         # and the engine's command names the artifacts directory.
         return OverlapDecision(False, "engine artifacts are on: their fingerprint needs the model first")
     return OverlapDecision(True, "the engine loads each verified shard while later ones download")
+
+
+@dataclass(frozen=True)
+class DuringPull:
+    """What the launcher does when the pull or the engine beside it has ended."""
+
+    action: Literal["wait", "go_on", "stop_pull"]
+    reason: str
+
+
+def during_pull(*, pull_ended: bool, engine_returncode: int | None) -> DuringPull:
+    """The decision of the watch over a pull with the engine started beside it.
+
+    A pull that ended (well or not) goes its usual way: its failure is the launch's, and an engine
+    that died meanwhile is found at once by engine_start's own watch. An engine that exits while the
+    pull runs has nothing to load the weights into: the pull is stopped rather than left to run on
+    for minutes, and the engine's exit is the failure."""
+    if pull_ended:
+        return DuringPull("go_on", "the pull ended")
+    if engine_returncode is not None:
+        return DuringPull("stop_pull", f"the engine exited with code {engine_returncode} during the pull")
+    return DuringPull("wait", "the pull runs and the engine is up")

@@ -78,6 +78,10 @@ class LauncherSettings:
     # How long the engine waits for the next file of a pull in progress before it fails naming the
     # file: the node cache's lock timeout, since another pod's pull of the same model may hold it.
     weights_arrival_timeout_s: float = 3600.0
+    # How long a pull stopped because its engine exited may take to end (one chunk read per
+    # worker, normally well under a second): past it the launch fails anyway and the pull's
+    # thread is abandoned to the process's exit.
+    pull_stop_timeout_s: float = 30.0
     # vLLM's --load-format on the node cache's complete files (engine_args.VllmLoadFormat); None
     # leaves vLLM's default. Not measured against each other here (no GPU node for vLLM): off.
     vllm_load_format: VllmLoadFormat | None = None
@@ -98,6 +102,8 @@ class LauncherSettings:
             raise ValueError("progress_log_interval_s must be in [0.1, 3600]")
         if not 0 < self.weights_arrival_timeout_s <= 86_400:
             raise ValueError("weights_arrival_timeout_s must be in (0, 86400]")
+        if not 0 < self.pull_stop_timeout_s <= 600:
+            raise ValueError("pull_stop_timeout_s must be in (0, 600]")
 
     @property
     def engine_url(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,9 +56,13 @@ class WeightPuller(Protocol):
 
 class StreamingWeightPuller(WeightPuller, Protocol):
     """A puller that also fills ``stream_link`` with each file as it is verified, so an engine can
-    load while the pull runs (kvfleet.weight_stream)."""
+    load while the pull runs (kvfleet.weight_stream). Setting ``stop`` ends the pull early (the
+    engine it feeds is gone) with a ``LaunchError`` in the pull phase; what is written stays
+    resumable."""
 
-    def pull_streaming(self, launch: LaunchSpec, progress: TransferProgress, stream_link: Path) -> PulledWeights: ...
+    def pull_streaming(
+        self, launch: LaunchSpec, progress: TransferProgress, stream_link: Path, stop: threading.Event | None = None
+    ) -> PulledWeights: ...
 
 
 class ArtifactStore(Protocol):

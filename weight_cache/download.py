@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -139,6 +140,7 @@ def pull_to_dir(
     clock: Callable[[], float] = time.monotonic,
     known_good: frozenset[str] = frozenset(),
     on_verified: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> PullResult:
     """Download the model at ``uri`` into ``dest`` and verify every file against the manifest.
 
@@ -152,6 +154,8 @@ def pull_to_dir(
     manifest lists a refused file type or a path that would leave ``dest``; ``ChecksumMismatchError``
     naming the file when it still hashes wrong after ``file_attempts`` downloads; ``TransferError``
     naming the file when a ranged GET keeps failing. Partial data is kept for the next attempt.
+    ``stop``: set by the caller to end the pull within one chunk read per worker
+    (``PullStoppedError``); the partial files and their journal stay for a later resume.
     """
     settings = settings or PullSettings()
     progress = progress or NullProgress()
@@ -192,7 +196,7 @@ def pull_to_dir(
     downloaded = 0
     files_downloaded = len(todo)
     for attempt in range(1, settings.file_attempts + 1):
-        round_ = PullRound(client, uri, work, settings, progress, sleep)
+        round_ = PullRound(client, uri, work, settings, progress, sleep, stop)
         try:
             failed = round_.run(todo)
         except OSError as e:

@@ -45,6 +45,11 @@ class TransferError(WeightCacheError):
         self.path = path
 
 
+class PullStoppedError(WeightCacheError):
+    """The caller stopped the pull (its engine is gone): the workers ended between chunks, the
+    partial files and their journal stay in staging for a later pull to resume from."""
+
+
 class ChecksumMismatchError(TransferError):
     """The downloaded bytes do not hash to the manifest's sha256 (after all retries)."""
 

@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ def pull_model(
     expected_digest: str | None = None,
     clock: Callable[[], float] = time.time,
     stream_link: Path | None = None,
+    stop: threading.Event | None = None,
 ) -> PulledModel:
     """Make the model at ``source_uri`` (s3://bucket/prefix) available under ``node_cache_root``.
 
@@ -104,6 +106,10 @@ def pull_model(
     process holds the model's lock, it becomes a symlink to the model's stream folder in the node
     cache, which then holds only files verified now and the manifest's file list; each file this
     pull verifies is hardlinked in the moment its sha256 matched (every file at once on a hit).
+
+    ``stop``: set it to end a download within one chunk read per worker (``PullStoppedError``):
+    nothing enters ``models/``, the stream folder keeps only verified files, and the partial files
+    and their journal stay in ``staging/`` for the next pull of the model to resume from.
     """
     settings = settings or PullSettings()
     uri = S3Uri.parse(source_uri)
@@ -144,6 +150,7 @@ def pull_model(
                     fetched=fetched,
                     known_good=check.good,
                     on_verified=publish,
+                    stop=stop,
                 )
             except DiskFullError:
                 shutil.rmtree(staging, ignore_errors=True)  # nothing of a pull that cannot fit stays

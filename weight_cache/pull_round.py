@@ -16,7 +16,7 @@ from pathlib import Path
 import urllib3.exceptions
 from botocore.exceptions import BotoCoreError, ClientError
 
-from kvfleet.weight_cache.errors import ObjectChangedError, TransferError
+from kvfleet.weight_cache.errors import ObjectChangedError, PullStoppedError, TransferError
 from kvfleet.weight_cache.manifest import ManifestFile
 from kvfleet.weight_cache.partial_file import PartialFile
 from kvfleet.weight_cache.parts import Part, backoff_s
@@ -53,6 +53,7 @@ class PullRound:
         settings: PullSettings,
         progress: TransferProgress,
         sleep: Callable[[float], None],
+        stop: threading.Event | None = None,
     ) -> None:
         self.client = client
         self.uri = uri
@@ -61,6 +62,9 @@ class PullRound:
         self.progress = progress
         self.sleep = sleep
         self.cancel = threading.Event()
+        # Set by the caller (the engine the pull feeds is gone): every worker ends at its next
+        # chunk, so a stop waits at most one chunk read per worker.
+        self.stop = stop or threading.Event()
         self.errors: list[BaseException] = []
         self.downloaded_bytes = 0
         self.resumed_bytes = 0
@@ -124,10 +128,15 @@ class PullRound:
             part_size_bytes=self.settings.part_size_bytes,
         )
 
+    def _check_stop(self, path: str) -> None:
+        if self.stop.is_set():
+            raise PullStoppedError(f"{path}: the pull was stopped; its journal keeps what is written")
+
     def _guarded(self, state: PartialFile, part: Part) -> None:
         if self.cancel.is_set():
             return
         try:
+            self._check_stop(state.entry.path)
             self._run_part(state, part)
         except BaseException as e:
             self.errors.append(e)
@@ -175,6 +184,7 @@ class PullRound:
                 last = e
             except (*_STREAM_ERRORS, _ShortRead) as e:
                 last = e
+            self._check_stop(state.entry.path)
             if attempt < attempts:
                 log.warning(
                     "retrying %s %s (attempt %d/%d): %s", state.entry.path, part.http_range, attempt, attempts, last
@@ -196,6 +206,7 @@ class PullRound:
             while offset < end:
                 if self.cancel.is_set():
                     raise _Cancelled(state.entry.path)
+                self._check_stop(state.entry.path)
                 chunk = body.read(min(chunk_bytes, end - offset))
                 if not chunk:
                     raise _ShortRead(f"short read: {offset - part.start} of {part.length} bytes")

@@ -49,6 +49,8 @@ class FaultProxy:
         self.connections = 0
         # Response bytes left before every connection is reset (None: no budget).
         self._budget: int | None = None
+        # Response bytes per second per connection (None: as fast as the server sends).
+        self._rate: float | None = None
         self._thread = threading.Thread(target=self._accept, daemon=True, name="fault-proxy")
         self._thread.start()
 
@@ -66,10 +68,19 @@ class FaultProxy:
         with self._lock:
             self._budget = response_bytes
 
+    def slow_down(self, bytes_per_s: float) -> None:
+        """Forward at most ``bytes_per_s`` response bytes per second on each connection until
+        ``disarm``: a slow link, so a pull of even a small model runs for as long as a test needs."""
+        if bytes_per_s <= 0:
+            raise ValueError("bytes_per_s must be > 0")
+        with self._lock:
+            self._rate = bytes_per_s
+
     def disarm(self) -> None:
         with self._lock:
             self._plan = None
             self._budget = None
+            self._rate = None
 
     def _spend(self, n: int) -> int:
         """How many of ``n`` response bytes the budget lets through."""
@@ -144,6 +155,8 @@ class FaultProxy:
                     # A reset: RST (SO_LINGER 0), not a clean FIN, as a crashed peer or a middlebox sends.
                     self._reset(dst)
                     break
+                if response and (rate := self._rate) is not None:
+                    self._closing.wait(len(data) / rate)  # close() wakes it
                 dst.sendall(data)
                 sent += len(data)
         except OSError:

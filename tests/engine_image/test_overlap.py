@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,18 @@ import pytest
 
 from kvfleet.engine_image.cache_sources import CacheWeights
 from kvfleet.engine_image.engine_args import RenderInputs, render_engine_command
-from kvfleet.engine_image.errors import LaunchError
+from kvfleet.engine_image.errors import EngineExitedError, LaunchError
 from kvfleet.engine_image.launch_spec import LaunchSpec, parse_launch_spec
 from kvfleet.engine_image.launcher import LaunchDeps, Launcher
-from kvfleet.engine_image.overlap import decide_overlap
+from kvfleet.engine_image.overlap import decide_overlap, during_pull
 from kvfleet.engine_image.readiness import ReadinessSettings
 from kvfleet.engine_image.settings import LauncherSettings
 from kvfleet.weight_cache import populate
-from kvfleet.weight_cache.s3 import S3Client
+from kvfleet.weight_cache.pull import pull_model
+from kvfleet.weight_cache.s3 import S3Client, make_client
+from kvfleet.weight_cache.settings import PullSettings, S3Settings
+from kvfleet_testkit.fault_proxy import fault_proxy
+from kvfleet_testkit.seaweedfs import SeaweedS3
 from tests.conftest import pick_free_port
 from tests.engine_image.test_launcher import coldstart, until
 
@@ -65,6 +70,23 @@ def test_when_the_engine_starts_before_the_pull_ends(
 ) -> None:
     decision = decide_overlap(launch.spec, enabled=enabled, artifacts_store=store)
     assert decision.on is on and why in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("pull_ended", "returncode", "action"),
+    [
+        (False, None, "wait"),
+        (False, 2, "stop_pull"),
+        (False, 0, "stop_pull"),  # an engine that ends cleanly during the pull still has no weights
+        (True, None, "go_on"),
+        (True, 1, "go_on"),  # the pull's own outcome first; engine_start then reports the exit
+    ],
+)
+def test_an_engine_that_exits_during_the_pull_stops_it(pull_ended: bool, returncode: int | None, action: str) -> None:
+    decision = during_pull(pull_ended=pull_ended, engine_returncode=returncode)
+    assert decision.action == action
+    if action == "stop_pull":
+        assert f"exited with code {returncode}" in decision.reason
 
 
 def test_only_the_reference_engine_is_told_to_wait_for_shards() -> None:
@@ -215,3 +237,80 @@ async def test_a_corrupt_shard_fails_the_start_naming_it_and_is_never_loaded(
     assert not any((settings.node_cache_dir / "models").iterdir())
     # The launcher's own symlink folder is gone too.
     assert launcher._stream_dir is not None and not launcher._stream_dir.exists()
+
+
+# The slow link: 256 KiB/s per connection, one connection, 64 KiB parts (a part is the unit the
+# journal records, so a pull stopped after a second has parts to resume from).
+SLOW_LINK_BYTES_PER_S = 256 * 1024
+ONE_SLOW_CONNECTION = PullSettings(
+    concurrency=1, part_size_bytes=64 * 1024, stream_chunk_bytes=64 * 1024, retry_backoff_s=0.0
+)
+
+
+@pytest.mark.slow
+async def test_an_engine_that_exits_during_a_slow_pull_stops_it_and_fails_the_start_naming_the_engine(
+    seaweedfs: SeaweedS3, s3_client: S3Client, sharded_model: tuple[str, Path], tmp_path: Path
+) -> None:
+    """A real engine that refuses its settings at once (the reference engine's own check of
+    --block-size) beside a pull through a slow link: the launch fails in engine_start with the
+    engine's exit code and words long before the pull would have ended, the pull stops, nothing
+    partial reaches the node cache's models or the engine's folder, and a later pull resumes."""
+    _, local = sharded_model
+    bucket = f"stopped-{uuid.uuid4().hex[:10]}"
+    s3_client.create_bucket(Bucket=bucket)
+    uri = f"s3://{bucket}/models/m"
+    populate(s3_client, local, uri)
+    total_bytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
+    pull_alone_s = total_bytes / SLOW_LINK_BYTES_PER_S
+    assert pull_alone_s > 30, f"the model ({total_bytes} bytes) is too small to tell a stop from the end"
+
+    creds = tmp_path / "aws"
+    creds.mkdir()
+    (creds / "AWS_ACCESS_KEY_ID").write_text(seaweedfs.access_key)
+    (creds / "AWS_SECRET_ACCESS_KEY").write_text(seaweedfs.secret_key)
+    settings = settings_for(tmp_path, overlap=True)
+    launch = spec_for(uri, engine={"kind": "reference", "extraArgs": ["--block-size", "0"]})
+    stderr = io.BytesIO()
+    with fault_proxy(seaweedfs.endpoint_url) as proxy:
+        proxy.slow_down(SLOW_LINK_BYTES_PER_S)
+        slow = make_client(S3Settings(endpoint_url=proxy.url, region=seaweedfs.region, credentials_dir=creds))
+        weights = CacheWeights(settings.node_cache_dir, client=slow, settings=ONE_SLOW_CONNECTION)
+        deps = LaunchDeps(weights=weights, engine_stderr=stderr, environ={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"})
+        launcher = Launcher(launch, settings, deps)
+        began = time.monotonic()
+        with pytest.raises(EngineExitedError) as err:
+            await asyncio.wait_for(launcher.run(), pull_alone_s)
+        took_s = time.monotonic() - began
+        fetched_while_failing = proxy.connections
+
+    assert err.value.phase == "engine_start"
+    assert err.value.returncode == 2
+    assert "engine exited with code 2 before it was ready" in err.value.reason
+    assert "--block-size" in err.value.reason  # the engine's own words, from the tail of its log
+    # Stopped within a few seconds (the engine's start plus one chunk read), not at the pull's end.
+    assert took_s < min(20.0, pull_alone_s / 3), (took_s, pull_alone_s)
+    assert fetched_while_failing >= 1
+    assert "pull" not in launcher.recorder.records  # the pull did not complete
+    # The pull's thread ended: no byte moves after the launch failed.
+    before = launcher.pull_progress.report()
+    await asyncio.sleep(1.0)
+    after = launcher.pull_progress.report()
+    assert (before and before.downloaded_bytes) == (after and after.downloaded_bytes)
+
+    cache = settings.node_cache_dir
+    assert not any((cache / "models").iterdir())  # nothing unverified is loadable from the node cache
+    for path in (cache / "streams").rglob("*"):
+        if path.is_file() and not path.name.startswith(".kvfleet-"):
+            relative = path.relative_to(next((cache / "streams").iterdir()))
+            assert path.read_bytes() == (local / relative).read_bytes()  # only whole, verified files
+    partial = [p for p in cache.rglob("*.part")]
+    assert all("staging" in p.relative_to(cache).parts for p in partial), partial
+    assert launcher._stream_dir is not None and not launcher._stream_dir.exists()
+
+    # The next pull of the model on this node completes from what the stopped one left (its
+    # resume from the journal: tests/weight_cache/test_faults_real.py).
+    again = await asyncio.to_thread(
+        pull_model, uri, cache, ONE_SLOW_CONNECTION.model_copy(update={"concurrency": 4}), client=s3_client
+    )
+    with again:
+        assert (again.path / "config.json").read_bytes() == (local / "config.json").read_bytes()

@@ -10,6 +10,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,14 +20,17 @@ import pytest
 from kvfleet.weight_cache import (
     PopulateSettings,
     PullSettings,
+    PullStoppedError,
     S3Settings,
     S3Uri,
     TransferError,
     fetch_manifest,
     make_client,
     populate,
+    pull_model,
     pull_to_dir,
 )
+from kvfleet.weight_cache.progress import NullProgress
 from kvfleet.weight_cache.s3 import S3Client
 from kvfleet_testkit.fault_proxy import FaultProxy, fault_proxy
 from tests.weight_cache.conftest import SMALL_MODEL, MiB, tree_bytes
@@ -139,6 +143,43 @@ def test_a_pull_cut_off_mid_model_resumes_from_its_journal(
     # What the journal held (and the file finished before the cut, if any) was not fetched again.
     assert result.reused_bytes >= done_parts * MiB
     assert result.downloaded_bytes <= sum(SMALL_MODEL.values()) - done_parts * MiB
+
+
+class StopAfter(NullProgress):
+    """Sets ``stop`` once ``after_bytes`` have landed: a caller that gives the pull up mid-model."""
+
+    def __init__(self, stop: threading.Event, after_bytes: int) -> None:
+        self.stop, self.after_bytes, self.seen = stop, after_bytes, 0
+
+    def on_bytes(self, count: int) -> None:
+        self.seen += count
+        if self.seen >= self.after_bytes:
+            self.stop.set()
+
+
+def test_a_stopped_pull_ends_within_a_chunk_keeps_nothing_loadable_and_resumes(
+    s3: S3Client, populated: str, small_model: Path, tmp_path: Path
+) -> None:
+    """``pull_model(stop=)`` (the launcher's, when the engine it streams to exits): the workers end
+    at their next chunk, nothing enters models/, and the journal lets the next pull resume."""
+    stop = threading.Event()
+    settings = ONE_AT_A_TIME.model_copy(update={"stream_chunk_bytes": 64 * 1024})
+    progress = StopAfter(stop, after_bytes=int(1.5 * MiB))
+    root = tmp_path / "node"
+    with pytest.raises(PullStoppedError, match="the pull was stopped"):
+        pull_model(populated, root, settings, client=s3, progress=progress, stop=stop)
+    # Stopped at the next chunk: at most one more chunk after the byte count that set it.
+    assert progress.seen <= int(1.5 * MiB) + 64 * 1024
+    assert not any((root / "models").iterdir())
+    journals = list((root / "staging").rglob("*.journal"))
+    done_parts = sum(len(j.read_text().splitlines()) - 1 for j in journals)
+    assert done_parts >= 1, "the stopped pull kept its journal"
+
+    with pull_model(populated, root, settings, client=s3) as again:
+        assert again.result is not None
+        assert again.result.reused_bytes >= done_parts * MiB
+        assert again.result.downloaded_bytes <= sum(SMALL_MODEL.values()) - done_parts * MiB
+        assert tree_bytes(again.path) == tree_bytes(small_model)
 
 
 FULL_DISK_SCRIPT = """
