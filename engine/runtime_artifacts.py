@@ -74,6 +74,7 @@ def model_from_runtime(
         model.cos, model.sin = tensors["cos"], tensors["sin"]
         model.lm_head = tensors.get("lm_head", model.embed)
         model.pieces = EagerPieces(config)
+        model.decode_attention_triton = False  # as LlamaModel.__init__; the engine sets it from its settings
         model.layers = [
             Layer(**{name: tensors.get(f"layers.{i}.{name}") for name in _LAYER_FIELDS})  # type: ignore[arg-type]
             for i in range(config.num_hidden_layers)
