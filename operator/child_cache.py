@@ -50,7 +50,7 @@ class ObjectReads(Protocol):
     async def list_objects(self, ref: Ref, namespace: str | None, label_selector: str) -> list[dict[str, Any]]: ...
 
 
-def _version(obj: Mapping[str, Any]) -> int:
+def version_number(obj: Mapping[str, Any]) -> int:
     """The object's resourceVersion as a number (etcd's revision; 0 when absent or not a number):
     only used to tell which of two copies of one object is newer."""
     try:
@@ -117,7 +117,7 @@ class ChildCache:
             """The watch caught up with a write of ours (this version or newer), or saw the object
             go (deleted after our write: by hand, or with its namespace): the store is the truth."""
             written = self._written.get((ref.plural, *key))
-            if written is not None and (obj is None or _version(obj) >= _version(written)):
+            if written is not None and (obj is None or version_number(obj) >= version_number(written)):
                 del self._written[(ref.plural, *key)]
             if listener is not None:
                 listener(key, obj)
@@ -166,7 +166,7 @@ class ChildCache:
         seen = watch.store.get((namespace, name))
         written = self._written.get((ref.plural, namespace, name))
         if written is not None:
-            if seen is not None and _version(seen) >= _version(written):
+            if seen is not None and version_number(seen) >= version_number(written):
                 del self._written[(ref.plural, namespace, name)]  # the watch caught up
             else:
                 return typed(ref, written)

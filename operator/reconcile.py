@@ -21,7 +21,7 @@ from kvfleet.spec import API_VERSION, KIND
 from kvfleet.validation import validate_spec
 
 from . import names
-from .child_cache import ChildCache, ObjectReads
+from .child_cache import ChildCache, ObjectReads, version_number
 from .claims import Claim, Claimants, conflict_message, holder
 from .coldstart import ColdStartProbe, LauncherReport
 from .conditions import DeploymentObservation, Observed, plan_status
@@ -114,6 +114,13 @@ class Reconciler:
         # not change the decision (most of them: our own status writes, the autoscaler's reasons).
         self._applied_replicas: dict[tuple[str, str], int] = {}
         self._service_monitors: tuple[float, bool] | None = None
+        # Each deployment as our last status write returned it, until a watched body is as new:
+        # a handler or nudge that runs before kopf's watch delivers our own write plans from this
+        # instead of reading the object again (a GET per reconcile at scale, docs/operator.md).
+        self._own_status: dict[tuple[str, str], dict[str, Any]] = {}
+        # The resourceVersion of our last status write, kept: a body at least as new holds it, so
+        # a status planned from it posts no transition twice and needs no fresh read.
+        self._own_version: dict[tuple[str, str], int] = {}
 
     def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -121,6 +128,18 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
         self._applied_replicas.pop((namespace, name), None)
+        self._own_status.pop((namespace, name), None)
+        self._own_version.pop((namespace, name), None)
+
+    def _newest(self, key: tuple[str, str], watched: dict[str, Any]) -> dict[str, Any]:
+        """The watched body, or our own last status write when the watch has not delivered it yet."""
+        own = self._own_status.get(key)
+        if own is None:
+            return watched
+        if version_number(own) > version_number(watched):
+            return own
+        del self._own_status[key]  # the watch caught up (or moved past it)
+        return watched
 
     def replicas_stale(self, body: dict[str, Any]) -> bool:
         """Pure check for the watch handler: would a reconcile now change the replica count?"""
@@ -158,7 +177,7 @@ class Reconciler:
         async with self._lock((namespace, name)):
             if body is not None:
                 try:
-                    return await self._reconcile(namespace, name, claimants, body)
+                    return await self._reconcile(namespace, name, claimants, self._newest((namespace, name), body))
                 except _ReadAgain:
                     pass
             return await self._reconcile(namespace, name, claimants, None)
@@ -341,17 +360,21 @@ class Reconciler:
         plan = plan_status(observed, live_status, self._clock())
         meta = body["metadata"]
         changed = first_difference(plan.status, live_status) is not None
-        if watched and (changed or plan.transitions):
+        key = (meta["namespace"], meta["name"])
+        holds_own = key in self._own_version and version_number(body) >= self._own_version[key]
+        if watched and (changed or plan.transitions) and not holds_own:
             raise _ReadAgain
         if changed:
             try:
-                await self._client.patch_status(
+                written = await self._client.patch_status(
                     INFD, meta["namespace"], meta["name"], plan.status, field_manager=FIELD_MANAGER
                 )
             except KubeNotFound:
                 outcome.gone = True
                 return
             outcome.status_written = True
+            if version_number(written):
+                self._own_status[key], self._own_version[key] = written, version_number(written)
         for transition in plan.transitions:
             cond = transition.condition
             message = f"{cond.type} is {cond.status}: {cond.message}"

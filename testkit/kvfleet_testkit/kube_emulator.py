@@ -12,6 +12,8 @@ only the API semantics the operator relies on; the real semantics are left to te
 3. A patch that changes ``spec`` bumps ``metadata.generation`` (observedGeneration relies on it).
 4. ``labelSelector`` on list calls filters by equality (``a=b,c=d``), as the operator lists pods so.
 5. ``metadata.generateName`` on create gets a random suffix (kopf names its Events so).
+6. Every create and patch gives the object the next ``resourceVersion`` of one counter, as etcd's
+   revision does (the operator tells its own writes from older watched copies by it).
 """
 
 from __future__ import annotations
@@ -58,18 +60,22 @@ def _merge(base: Any, patch: Any) -> Any:
     return out
 
 
-def _fill_metadata(obj: dict[str, Any]) -> None:
+def _fill_metadata(obj: dict[str, Any], version: str = "1") -> None:
     meta = obj.setdefault("metadata", {})
     if "name" not in meta and "generateName" in meta:
         meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
     meta.setdefault("uid", str(uuid.uuid4()))
-    meta.setdefault("resourceVersion", "1")
+    meta["resourceVersion"] = version
     meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     meta.setdefault("generation", 1)
 
 
 class ApiEmulator(kmock.KubernetesEmulator):
-    """KMock plus the five API semantics listed in this module's docstring."""
+    """KMock plus the six API semantics listed in this module's docstring."""
+
+    def _next_version(self) -> str:
+        self._revision: int = getattr(self, "_revision", 0) + 1
+        return str(self._revision)
 
     def _stored(self, request: kmock.Request) -> Any:
         key = (request.resource, request.namespace, request.name)
@@ -81,12 +87,14 @@ class ApiEmulator(kmock.KubernetesEmulator):
         content_type = request.headers.get("Content-Type", "")
         if request.resource is not None and isinstance(request.data, dict):
             if request.method == "POST":
-                _fill_metadata(request.data)
-            elif request.method == "PATCH" and request.name is not None and request.subresource is None:
+                _fill_metadata(request.data, self._next_version())
+            elif request.method == "PATCH" and request.name is not None and self._stored(request) is not None:
+                request.data.setdefault("metadata", {})["resourceVersion"] = self._next_version()
+            if request.method == "PATCH" and request.name is not None and request.subresource is None:
                 stored = self._stored(request)
                 if stored is None and content_type.startswith("application/apply-patch"):
                     obj = copy.deepcopy(request.data)
-                    _fill_metadata(obj)
+                    _fill_metadata(obj, self._next_version())
                     key = (request.resource, request.namespace, request.name)
                     self.objects[key] = obj
                     await self._buses[request.resource].put({"type": "ADDED", "object": obj})
