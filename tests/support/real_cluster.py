@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,11 @@ class Kubectl:
                 return None
             raise AssertionError(result.stderr)
         return dict(json.loads(result.stdout))
+
+    def watch(self, kind: str, namespace: str) -> Watched:
+        """Every version of the ``kind`` objects in ``namespace`` from now on, in the API server's
+        order (``kubectl get --watch``): states too short for polling to catch are still seen."""
+        return Watched(self, kind, namespace)
 
     def apply(self, docs: list[dict[str, Any]] | dict[str, Any], *extra: str) -> str:
         items = docs if isinstance(docs, list) else [docs]
@@ -126,3 +132,42 @@ def audit_entries(root: Path) -> list[dict[str, Any]]:
             continue
         entries.append(entry)
     return entries
+
+
+class Watched:
+    """A running ``kubectl get --watch -o json``; ``objects()`` parses what it printed so far. A
+    context manager: the kubectl process is stopped on exit."""
+
+    def __init__(self, kubectl: Kubectl, kind: str, namespace: str) -> None:
+        # A file, not a pipe: nothing blocks if unread; closed in __exit__.
+        self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [
+                *(str(kubectl.binary), "--kubeconfig", str(kubectl.kubeconfig), "--cache-dir", str(kubectl.cache_dir)),
+                *("get", kind, "-n", namespace, "--watch", "-o", "json"),
+            ],
+            stdout=self._out,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def objects(self) -> list[dict[str, Any]]:
+        self._out.seek(0)
+        text, found, decoder, at = self._out.read(), [], json.JSONDecoder(), 0
+        while True:
+            while at < len(text) and text[at].isspace():
+                at += 1
+            if at >= len(text):
+                return found
+            try:
+                obj, at = decoder.raw_decode(text, at)
+            except ValueError:  # the last object is still being written
+                return found
+            found.append(obj)
+
+    def __enter__(self) -> Watched:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.kill()
+        self._proc.wait(timeout=10)
+        self._out.close()
