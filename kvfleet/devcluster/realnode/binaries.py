@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from ..binaries import ensure_built
@@ -46,24 +44,6 @@ def ensure_node_binaries(*, quiet: bool = False) -> Path:
         timeout_s=BUILD_TIMEOUT_S,
         quiet=quiet,
     )
-    if not BUILD_SCRIPT.exists():
-        raise NodeError(f"no node binaries: set {BIN_ENV} to a folder with {', '.join(NEEDED)}")
-    if shutil.which("go") is None:
-        raise NodeError(f"building the node needs Go >= 1.26 on PATH (or set {BIN_ENV})")
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL if quiet else sys.stderr,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise NodeError(f"tools/node/build.sh failed (exit {result.returncode}); its output says why")
-    bin_dir = Path(result.stdout.strip().splitlines()[-1])
-    if gone := missing(bin_dir):
-        raise NodeError(f"tools/node/build.sh finished but {bin_dir} lacks {', '.join(gone)}")
-    return bin_dir
 
 
 def ensure_coredns(*, quiet: bool = False) -> Path:
