@@ -41,6 +41,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -299,25 +300,43 @@ def write_results(result: dict[str, Any], out_dir: Path) -> None:
         "",
     ]
     (out_dir / "cold_start_artifacts.md").write_text("\n".join(lines))
-    plot(s, bare, out_dir / "cold_start_artifacts.png")
+    plot_phases(
+        s,
+        SCENARIOS,
+        PHASES,
+        (bare, "bare engine"),
+        ("seconds (median), launch to first token", "kvfleet launcher cold start by phase (reference engine, CPU)"),
+        4,
+        out_dir / "cold_start_artifacts.png",
+    )
 
 
-def plot(summary: dict[str, dict[str, Any]], bare: float, path: Path) -> None:
+def plot_phases(
+    summary: dict[str, dict[str, Any]],
+    rows: Sequence[str],
+    phases: Sequence[str],
+    bare: tuple[float, str],
+    labels: tuple[str, str],
+    height_in: float,
+    path: Path,
+) -> None:
+    """Stacked bars of each row's median phases, with the bare engine as a dashed line;
+    ``bare``: (seconds, legend), ``labels``: (x axis, title)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
-    left = [0.0] * len(SCENARIOS)
-    for phase in PHASES:
-        widths = [summary[s][phase] for s in SCENARIOS]
-        ax.barh(list(SCENARIOS), widths, left=left, label=phase)
+    fig, ax = plt.subplots(figsize=(8, height_in))
+    left = [0.0] * len(rows)
+    for phase in phases:
+        widths = [summary[r][phase] for r in rows]
+        ax.barh(list(rows), widths, left=left, label=phase)
         left = [a + b for a, b in zip(left, widths, strict=True)]
-    ax.axvline(bare, color="black", linestyle="--", label="bare engine")
+    ax.axvline(bare[0], color="black", linestyle="--", label=bare[1])
     ax.invert_yaxis()
-    ax.set_xlabel("seconds (median), launch to first token")
-    ax.set_title("kvfleet launcher cold start by phase (reference engine, CPU)")
+    ax.set_xlabel(labels[0])
+    ax.set_title(labels[1])
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -635,29 +654,18 @@ def write_overlap_results(result: dict[str, Any], out_dir: Path) -> None:
         "",
     ]
     (out_dir / "cold_start.md").write_text("\n".join(lines))
-    plot_overlap(s, b["bareEngineSeconds"]["median"], out_dir / "cold_start.png")
-
-
-def plot_overlap(summary: dict[str, dict[str, Any]], bare: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3))
-    left = [0.0] * len(OVERLAP_MODES)
-    for phase in OVERLAP_PHASES:
-        widths = [summary[m][phase] for m in OVERLAP_MODES]
-        ax.barh(list(OVERLAP_MODES), widths, left=left, label=phase)
-        left = [a + b for a, b in zip(left, widths, strict=True)]
-    ax.axvline(bare, color="black", linestyle="--", label="bare engine (no pull)")
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds (median), launch to first token, cold node cache")
-    ax.set_title("engine started during the pull (overlap) vs after it")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_phases(
+        s,
+        OVERLAP_MODES,
+        OVERLAP_PHASES,
+        (b["bareEngineSeconds"]["median"], "bare engine (no pull)"),
+        (
+            "seconds (median), launch to first token, cold node cache",
+            "engine started during the pull (overlap) vs after it",
+        ),
+        3,
+        out_dir / "cold_start.png",
+    )
 
 
 def client_for(server: SeaweedS3, work: Path) -> Any:
