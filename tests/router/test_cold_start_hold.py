@@ -33,6 +33,7 @@ from kvfleet.router.replicas import StaticReplicaSource
 from kvfleet.router.server import RouterServer
 from kvfleet.router.wake import InProcessWakeSignal
 from kvfleet.spec import RoutingSpec
+from kvfleet_testkit.processes import stop_process
 from tests.conftest import pick_free_port
 
 from .conftest import Backend, running_router, start_backend, until
@@ -224,12 +225,7 @@ http {{
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, grace_s=10)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvfleet.devcluster.processes import ClusterState
+from kvfleet_testkit.processes import stop_process
 from support.real_cluster import Kubectl
 
 BIN = Path(sys.executable).parent
@@ -99,10 +100,5 @@ def into_node(cluster: RealNodeCluster, host_port: int, node_port: int | None = 
     try:
         yield f"http://{NodeSettings.node_ip}:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, grace_s=10)
         log.close()
