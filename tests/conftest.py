@@ -10,6 +10,18 @@ from pathlib import Path
 
 import pytest
 
+# The real node's session fixtures, defined once here so tests/node and tests/e2e share one cluster.
+from support.node_fixtures import (  # noqa: F401
+    chart,
+    control_plane_image,
+    engine_image,
+    engine_ready,
+    node_binaries,
+    prometheus,
+    real_node,
+    s3_model,
+)
+
 from kvfleet.free_port import pick_free_port
 from kvfleet_testkit.seaweedfs import SeaweedError, SeaweedS3, seaweedfs_s3_server
 
