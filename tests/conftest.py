@@ -52,8 +52,21 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
         pytest.skip(f"no S3 server (SeaweedFS; run tools/seaweedfs/build.sh): {e}")
 
 
+# The tests that use the real node (session fixtures above): one cluster for all of them.
+REAL_NODE_TESTS = (REPO_ROOT / "tests" / "node", REPO_ROOT / "tests" / "e2e" / "test_cluster.py")
+
+
+def _on_real_node(item: pytest.Item) -> int:
+    """0: elsewhere; then tests/node, then the e2e test (its namespace is deleted, not awaited)."""
+    path = Path(str(item.fspath))
+    return next((i + 1 for i, p in enumerate(REAL_NODE_TESTS) if path.is_relative_to(p)), 0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``gpu`` tests with a reason when no CUDA device is present."""
+    """Run the real node's tests last and together (its pods would otherwise run beside every test
+    collected between tests/e2e and tests/node); skip ``gpu`` tests with a reason when no CUDA
+    device is present."""
+    items.sort(key=_on_real_node)  # stable: the order within each part stays
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     try:

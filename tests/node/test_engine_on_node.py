@@ -411,6 +411,10 @@ def test_a_spec_change_rolls_the_engines_under_traffic_without_a_failed_request(
     print(f"{len(results)} requests during the rollout, {len(failed)} failed, answered by {sorted(served)}")
     assert not failed, failed[:5]
     assert len(results) >= 10
+    # The rendered preStop ran in the image (a missing `sleep` would be a FailedPreStopHook event
+    # and an engine stopped at once, its drain racing the endpoints' removal).
+    hooks = kubectl.json("get", "events", "-n", NAMESPACE, "--field-selector", "reason=FailedPreStopHook")
+    assert not hooks["items"], [e["message"] for e in hooks["items"]]
     assert served & set(before) and served - set(before), served
 
 
