@@ -672,8 +672,7 @@ noisy: read the ratios, measured side by side, more than the absolute MB/s. The 
 sits in the page cache (loopback, no NIC, no server disk reads): an easier shape than production,
 where the NIC and the server's disks set the ceiling. CPU s/GB is the client process's user +
 system time (every thread) per GB; the server's is beside it, and the machine's (every core's busy
-time, kernel writeback included) after it. Before each timed run the last method's files are
-removed and the disk is flushed (untimed), so no method pays for another's leftovers.
+time, kernel writeback included) after it.
 
 | method | work per byte | median s | MB/s | spread | client CPU s/GB | server CPU s/GB | machine CPU s/GB |
 |---|---|---|---|---|---|---|---|
@@ -727,10 +726,13 @@ def notes(results: dict[str, Any]) -> str:
 
     def bound(name: str) -> str:
         """What the machine's cores allow a row that needs this much CPU per GB, all processes."""
-        per_gb = pull.get(name, {}).get("machine_cpu_s_per_GB")
-        if not per_gb:
-            return "n/a"
-        return f"{per_gb:.1f} machine CPU-s per GB, so at most {cpus / per_gb * 1000:.0f} MB/s on {cpus} cores"
+        row = pull.get(name)
+        if not row:
+            return "not measured"
+        per_gb, what = row.get("machine_cpu_s_per_GB"), "machine"
+        if not per_gb:  # a run from before the machine column: the two processes' own CPU
+            per_gb, what = row["cpu_s_per_GB"] + row["server_cpu_s_per_GB"], "client + server"
+        return f"{per_gb:.1f} {what} CPU-s per GB, so at most {cpus / per_gb * 1000:.0f} MB/s on {cpus} cores"
 
     fastest = results["fastest_client"]
     early = results["settings"].get("start_writeback", False)
