@@ -83,7 +83,8 @@ class LauncherSettings:
     # thread is abandoned to the process's exit.
     pull_stop_timeout_s: float = 30.0
     # vLLM's --load-format on the node cache's complete files (engine_args.VllmLoadFormat); None
-    # leaves vLLM's default. Not measured against each other here (no GPU node for vLLM): off.
+    # leaves vLLM's default. Measured on vLLM CPU only (docs/benchmarks/cold_start_vllm_load_format.md),
+    # where a small model's load is a sliver of vLLM's start: off until a GPU node measures it.
     vllm_load_format: VllmLoadFormat | None = None
 
     def __post_init__(self) -> None:

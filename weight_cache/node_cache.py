@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kvfleet.weight_cache.errors import LockTimeoutError, NodeCacheError, NodeCacheFullError
+from kvfleet.weight_cache.errors import LockTimeoutError, NodeCacheError, NodeCacheFullError, PullStoppedError
 from kvfleet.weight_cache.eviction import CacheEntry, plan_eviction
 from kvfleet.weight_cache.leases import ModelLease, create_lease, live_leases
 from kvfleet.weight_cache.manifest import Manifest, ManifestFile, sha256_file
@@ -108,9 +109,10 @@ class NodeCache:
     # -- locks -------------------------------------------------------------------------------
 
     @contextmanager
-    def _flock(self, name: str, *, blocking: bool) -> Iterator[bool]:
+    def _flock(self, name: str, *, blocking: bool, stop: threading.Event | None = None) -> Iterator[bool]:
         """Hold ``locks/<name>``; yields False at once when not ``blocking`` and it is taken.
-        flock is released by the kernel when the process dies, so a crash never leaves it held."""
+        flock is released by the kernel when the process dies, so a crash never leaves it held.
+        ``stop``: set by the caller to give up waiting within one poll (``PullStoppedError``)."""
         fd = os.open(self.root / "locks" / name, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             deadline = time.monotonic() + self.settings.lock_timeout_s
@@ -128,14 +130,18 @@ class NodeCache:
                     raise LockTimeoutError(
                         f"{name}: held by another process for more than {self.settings.lock_timeout_s:g} s"
                     )
+                if stop is not None and stop.is_set():
+                    raise PullStoppedError(f"{name}: stopped while another process held it; nothing was written")
                 self.sleep(self.settings.lock_poll_s)
             yield True
         finally:
             os.close(fd)  # closing drops the flock
 
     @contextmanager
-    def model_lock(self, digest: str) -> Iterator[None]:
-        with self._flock(f"{_check_digest(digest)}.lock", blocking=True):
+    def model_lock(self, digest: str, stop: threading.Event | None = None) -> Iterator[None]:
+        """Hold the model's lock, waiting up to ``lock_timeout_s`` for another process's pull;
+        ``stop`` ends the wait within ``lock_poll_s``."""
+        with self._flock(f"{_check_digest(digest)}.lock", blocking=True, stop=stop):
             yield
 
     # -- state -------------------------------------------------------------------------------

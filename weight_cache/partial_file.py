@@ -9,11 +9,14 @@ of a mismatch) reads in one place."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
 import os
+import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,10 +29,31 @@ log = logging.getLogger("kvfleet.weight_cache.download")
 
 WORK_DIR = f"{RESERVED_PREFIX}-partial"
 
-# Only where the runtime exposes it (CPython 3.11's os module does not, on Linux either):
-# elsewhere the fsync does all the flushing.
-_SYNC_FILE_RANGE = getattr(os, "sync_file_range", None)
-_SYNC_FILE_RANGE_WRITE = getattr(os, "SYNC_FILE_RANGE_WRITE", 2)
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
+
+
+def _libc_sync_file_range() -> Callable[[int, int, int, int], None] | None:
+    """Linux's sync_file_range(2) from the C library: CPython's ``os`` has no binding for it (3.11 to
+    3.13), so ctypes calls libc's, which releases the GIL like any foreign call. None elsewhere:
+    there the fsync before the rename does all the flushing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+
+    def sync_file_range(fd: int, offset: int, nbytes: int, flags: int) -> None:
+        if fn(fd, offset, nbytes, flags) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    return sync_file_range
+
+
+_SYNC_FILE_RANGE = _libc_sync_file_range()
 
 
 class Journal:

@@ -109,7 +109,8 @@ def pull_model(
 
     ``stop``: set it to end a download within one chunk read per worker (``PullStoppedError``):
     nothing enters ``models/``, the stream folder keeps only verified files, and the partial files
-    and their journal stay in ``staging/`` for the next pull of the model to resume from.
+    and their journal stay in ``staging/`` for the next pull of the model to resume from. A pull
+    still waiting for another process's lock on the model gives up within ``lock_poll_s``.
     """
     settings = settings or PullSettings()
     uri = S3Uri.parse(source_uri)
@@ -120,7 +121,7 @@ def pull_model(
     manifest, digest = fetched.manifest, fetched.digest
     manifest.check_allowed(allow_pickle=settings.allow_pickle)
 
-    with cache.model_lock(digest):
+    with cache.model_lock(digest, stop=stop):
         result: PullResult | None = None
         check = cache.check_hit(digest, manifest, verify=settings.verify_on_hit, hash_workers=settings.hash_workers)
         stream: StreamWriter | None = None

@@ -210,7 +210,7 @@ class PullRound:
                 chunk = body.read(min(chunk_bytes, end - offset))
                 if not chunk:
                     raise _ShortRead(f"short read: {offset - part.start} of {part.length} bytes")
-                state.write(chunk, offset, start_writeback=self.settings.fsync)
+                state.write(chunk, offset, start_writeback=self.settings.fsync and self.settings.start_writeback)
                 if inline:
                     state.hasher.update(chunk)
                 offset += len(chunk)

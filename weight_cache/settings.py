@@ -68,10 +68,13 @@ class PullSettings(_Settings):
     # Files hashed at once on a hit (hashlib releases the GIL): a GPU node's NVMe feeds several
     # cores; the pull's own workers are idle while a hit is checked.
     hash_workers: int = Field(default=4, ge=1, le=64)
-    # Each finished file is fsynced before its atomic rename so a crash never leaves a torn file;
-    # writeback starts as chunks land where os.sync_file_range exists (not in CPython 3.11), else
-    # the fsync does all the flushing (docs/benchmarks/weight_cache.md prices it).
+    # Each finished file is fsynced before its atomic rename so a crash never leaves a torn file
+    # (docs/benchmarks/weight_cache.md prices it).
     fsync: bool = True
+    # With fsync: start each chunk's writeback as it is written (Linux's sync_file_range, through
+    # libc), so the disk works during the download and the fsync finds little left; off, the fsync
+    # flushes the whole file at its end. Chosen by docs/benchmarks/weight_cache.md.
+    start_writeback: bool = True
 
     @model_validator(mode="after")
     def _backoff_ordered(self) -> PullSettings:

@@ -90,14 +90,16 @@ def _children(pid: int) -> list[int]:
 class LauncherProcess:
     """``kvfleet engine launch`` as the pod runs it, on free loopback ports."""
 
-    def __init__(self, spec: dict[str, Any], workdir: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, spec: dict[str, Any], workdir: Path, env: dict[str, str], extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.engine_port, self.metrics_port = pick_free_port(), pick_free_port()
         spec_path = workdir / f"spec-{self.metrics_port}.json"
         spec_path.write_text(json.dumps(spec))
         self.log_path = workdir / f"launcher-{self.metrics_port}.log"
         self._log = self.log_path.open("wb")
         argv = [console_script("kvfleet"), "engine", "launch", "--spec", str(spec_path), "--metrics-host", "127.0.0.1"]
-        argv += ["--metrics-port", str(self.metrics_port), "--engine-port", str(self.engine_port)]
+        argv += ["--metrics-port", str(self.metrics_port), "--engine-port", str(self.engine_port), *extra_args]
         self.process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.engine_pids: set[int] = set()
 

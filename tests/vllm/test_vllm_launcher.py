@@ -118,3 +118,76 @@ def test_launcher_starts_vllm_on_cpu_and_drains_it(
     assert done and tokens == 300, (tokens, done)  # every token of the accepted stream
     assert code == 0, launcher.log[-3000:]
     assert "signal_forwarded" in launcher.log
+
+
+def test_launcher_starts_vllm_with_runai_streamer_on_the_node_caches_files(
+    vllm_installed: None,
+    tmp_path: Path,
+    s3_client: S3Client,  # noqa: F811
+    seaweedfs: SeaweedS3,
+    launchers: list[LauncherProcess],  # noqa: F811
+) -> None:
+    """``--vllm-load-format runai_streamer``: vLLM reads the node cache's verified files with Run:ai's
+    streamer (never the bucket: the launcher hands it the local folder) and answers a completion."""
+    from kvfleet.engine.tiny_model import make_tiny_model
+
+    local = make_tiny_model(tmp_path / "model", **VLLM_TINY_MODEL)
+    bucket = f"vllm-{uuid.uuid4().hex[:10]}"
+    s3_client.create_bucket(Bucket=bucket)
+    uri = f"s3://{bucket}/models/tiny"
+    populate(s3_client, local, uri)
+    spec = {
+        "name": "tiny-runai",
+        "namespace": "default",
+        "servedName": "tiny",
+        "spec": {
+            "model": {"uri": uri},
+            "engine": {
+                "kind": "vllm",
+                "maxModelLen": 512,
+                "dtype": "float32",
+                "extraArgs": ["--enforce-eager", "--block-size", "32", "--max-num-seqs", "4"],
+            },
+            "resources": {"gpus": 0, "memory": "2Gi"},
+            "cache": {"bucket": bucket},
+        },
+    }
+    env = launcher_env(seaweedfs, tmp_path / "node")
+    env["RUNAI_STREAMER_LOG_TO_STDERR"] = "1"  # the streamer's own lines, which say it did the load
+    launcher = LauncherProcess(spec, tmp_path, env, extra_args=("--vllm-load-format", "runai_streamer"))
+    launchers.append(launcher)
+    wait_until(
+        lambda: (
+            (doc := _get_json(f"http://127.0.0.1:{launcher.metrics_port}/coldstart")) and doc.get("complete") and doc
+        ),
+        START_TIMEOUT_S,
+        "vLLM's cold start with runai_streamer through the launcher",
+        launcher,
+    )
+    log = launcher.log
+    argv = _engine_argv(log)
+    assert argv[argv.index("--load-format") + 1] == "runai_streamer", argv
+    model = Path(argv[argv.index("--model") + 1])
+    assert model.is_relative_to(tmp_path / "node"), f"vLLM must read the node cache's files, not {model}"
+    assert not any(a.startswith("s3://") for a in argv), argv
+    assert "RunAI Streamer" in log, log[-3000:]  # the streamer, not vLLM's own safetensors loader, read them
+    body = {"model": "tiny", "prompt": "runai streamer test", "max_tokens": 8, "ignore_eos": True}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{launcher.engine_port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        answer = json.loads(response.read())
+    assert answer["usage"]["completion_tokens"] == 8, answer
+    assert answer["choices"][0]["text"], answer
+    assert launcher.stop(120.0) == 0, launcher.log[-3000:]
+
+
+def _engine_argv(log: str) -> list[str]:
+    """The command the launcher started vLLM with (its ``engine_command`` event)."""
+    for line in log.splitlines():
+        start = line.find('{"event": "engine_command"')
+        if start >= 0:
+            return list(json.loads(line[start:])["argv"])
+    raise AssertionError(f"no engine_command in the launcher's log: {log[-3000:]}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvfleet.weight_cache import (
+    NodeCacheSettings,
     PopulateSettings,
     PullSettings,
     PullStoppedError,
@@ -180,6 +181,56 @@ def test_a_stopped_pull_ends_within_a_chunk_keeps_nothing_loadable_and_resumes(
         assert again.result.reused_bytes >= done_parts * MiB
         assert again.result.downloaded_bytes <= sum(SMALL_MODEL.values()) - done_parts * MiB
         assert tree_bytes(again.path) == tree_bytes(small_model)
+
+
+HOLD_LOCK_SCRIPT = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_pull_waiting_for_another_pods_lock_stops_within_a_poll(s3: S3Client, populated: str, tmp_path: Path) -> None:
+    """Another process (another pod on the node) holds the model's lock, pulling it; this pull waits
+    up to lock_timeout_s, but its engine exited: ``stop`` ends the wait within one lock poll, and
+    nothing is written."""
+    root = tmp_path / "node"
+    digest = fetch_manifest(s3, S3Uri.parse(populated)).digest
+    (root / "locks").mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK_SCRIPT, str(root / "locks" / f"{digest}.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        stop = threading.Event()
+        outcome: list[BaseException] = []
+
+        def pull() -> None:
+            try:
+                pull_model(populated, root, ONE_AT_A_TIME, client=s3, stop=stop).release()
+            except BaseException as e:  # the test thread reads it below
+                outcome.append(e)
+
+        worker = threading.Thread(target=pull)
+        worker.start()
+        time.sleep(1.0)
+        assert worker.is_alive(), f"the pull should still wait for the lock: {outcome}"
+        stopped_at = time.monotonic()
+        stop.set()
+        worker.join(timeout=10)
+        waited = time.monotonic() - stopped_at
+        assert not worker.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], PullStoppedError), outcome
+        assert "stopped while another process held it" in str(outcome[0])
+        assert waited < 2 * NodeCacheSettings().lock_poll_s + 0.5, waited
+        assert not any((root / "models").iterdir()) and not any((root / "staging").iterdir())
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 FULL_DISK_SCRIPT = """

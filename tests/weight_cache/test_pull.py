@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -289,3 +291,40 @@ def test_byte_identical_files_are_each_pulled(s3: S3Client, bucket: str, tmp_pat
     populate(s3, src, uri, TEST_POPULATE)
     pull_to_dir(s3, S3Uri.parse(uri), tmp_path / "dest", TEST_PULL)
     assert tree_bytes(tmp_path / "dest") == tree_bytes(src)
+
+
+@pytest.mark.parametrize(
+    "durability",
+    [
+        {"fsync": True, "start_writeback": True},
+        {"fsync": True, "start_writeback": False},
+        {"fsync": False},
+    ],
+    ids=["fsync-writeback-as-chunks-land", "fsync-at-the-end-only", "no-fsync"],
+)
+def test_every_durability_policy_places_the_same_verified_bytes(
+    s3: S3Client, bucket: str, small_model: Path, tmp_path: Path, durability: dict[str, bool]
+) -> None:
+    uri = f"s3://{bucket}/models/small"
+    populate(s3, small_model, uri, TEST_POPULATE)
+    settings = TEST_PULL.model_copy(update=durability)
+    pull_to_dir(s3, S3Uri.parse(uri), tmp_path / "dest", settings)
+    assert tree_bytes(tmp_path / "dest") == tree_bytes(small_model)
+    assert not (tmp_path / "dest" / ".kvfleet-partial").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range(2) is Linux's")
+def test_sync_file_range_comes_from_libc_on_linux_and_reports_errors(tmp_path: Path) -> None:
+    """CPython's os has no sync_file_range: the pull reaches libc's through ctypes, or its early
+    writeback would silently never run (as it did before)."""
+    from kvfleet.weight_cache.partial_file import _SYNC_FILE_RANGE, _SYNC_FILE_RANGE_WRITE
+
+    assert _SYNC_FILE_RANGE is not None
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, b"x" * MiB, 0)
+        _SYNC_FILE_RANGE(fd, 0, MiB, _SYNC_FILE_RANGE_WRITE)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        _SYNC_FILE_RANGE(fd, 0, MiB, _SYNC_FILE_RANGE_WRITE)
