@@ -110,6 +110,10 @@ class Reconciler:
         self._coldstart = coldstart
         self._pull_progress = pull_progress
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # Bounds the reconciles that run at once (settings.max_concurrent_reconciles): each one
+        # started finishes before a later one starts sending, so a pass over 1,000 deployments
+        # moves deployment by deployment instead of breadth-first.
+        self._running = asyncio.Semaphore(settings.max_concurrent_reconciles)
         # Replica count last applied per deployment: lets the watch handler skip events that do
         # not change the decision (most of them: our own status writes, the autoscaler's reasons).
         self._applied_replicas: dict[tuple[str, str], int] = {}
@@ -174,7 +178,9 @@ class Reconciler:
         nothing to write sends no request at all; one that would write reads the object afresh
         first and plans again (a watched body can lag behind our own last status write, and
         planning from it would post the same transition twice). Without it, it is read first."""
-        async with self._lock((namespace, name)):
+        # The deployment's own lock first: a second trigger for the same deployment waits without
+        # holding one of the slots.
+        async with self._lock((namespace, name)), self._running:
             if body is not None:
                 try:
                     return await self._reconcile(namespace, name, claimants, self._newest((namespace, name), body))

@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any
 
-from .audit import audit_entries, component_of, peak_per_second
+from .audit import audit_entries, by_code, component_of, peak_per_second
 from .cluster import ScaleRun, wait_each
 from .objects import INFD, infd_rolled, loadavg, now_iso
 
@@ -36,6 +36,7 @@ async def change_all(s: ScaleRun) -> dict[str, Any]:
         "total_s": round(max(rolled.values(), default=t2) - t2, 1),
         "peak_requests_per_s": peak_per_second(entries),
         "requests": len([e for e in entries if component_of(e, {})]),
+        "requests_by_code": by_code(entries),
         "cpu_s_per_minute": {k: round((c.cpu_s() - cpu0[k]) / (change_s / 60), 1) for k, c in procs.items()},
         "loadavg": loadavg(),
     }
