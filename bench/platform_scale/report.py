@@ -21,6 +21,17 @@ def render(results: dict[str, Any]) -> str:
         "is beside each figure, and latencies move with it: read the ratios to the floor measured in the",
         "same run.",
         "",
+        "| deployments | started (UTC) | run took (s) | steady window / baseline window (s) | phase bound (s) "
+        "| kvfleet commit |",
+        "|---|---|---|---|---|---|",
+        *[
+            f"| {r['deployments']}{' (partial)' if r.get('partial') else ''} | {str(r.get('started', '?'))[:19]} "
+            f"| {r.get('wall_s', '-')} | {r.get('window_s')} / {r.get('baseline_window_s', r.get('window_s'))} "
+            f"| {r.get('phase_timeout_s')} | {r.get('commit', '?')} |"
+            for r in runs
+            if r.get("floor") is not None
+        ],
+        "",
         "## Apply to Ready, and a change to all (seconds)",
         "",
         "| deployments | pods | floor p50 / p99 / total | kvfleet p50 / p99 / total | p99 - floor p99 "
@@ -77,8 +88,8 @@ def render(results: dict[str, Any]) -> str:
         "",
         "| deployments | new router lists all (s) | pick p50 / p99 wall, p99 CPU (us) | pick p50 / p99 "
         "under SCHED_FIFO (us) | router heap MB | autoscaler tick "
-        "p50 (s), decisions | operator restart: acted after (s), writes | 410 relist (s) | invalid: "
-        "Degraded + Event / applied, p99 (s) | namespace of 50 gone (s) |",
+        "p50 wall / CPU / run-queue wait (s), decisions | operator restart: acted after (s), writes | "
+        "410 relist (s) | invalid: Degraded + Event / applied, p99 (s) | namespace of 50 gone (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -87,7 +98,8 @@ def render(results: dict[str, Any]) -> str:
         lines.append(
             f"| {r['deployments']} | {r.get('new_router_ready_s')} | {rp.get('pick_p50_us')} / "
             f"{rp.get('pick_p99_us')}, {rp.get('pick_cpu_p99_us')} | {rt.get('pick_p50_us')} / "
-            f"{rt.get('pick_p99_us')} | {rp.get('python_heap_mb')} | {at.get('tick_p50_s')}, "
+            f"{rt.get('pick_p99_us')} | {rp.get('python_heap_mb')} | {at.get('tick_p50_s')} / "
+            f"{at.get('tick_cpu_p50_s')} / {at.get('tick_run_queue_wait_p50_s', '-')}, "
             f"{at.get('decisions_per_tick')} | {rs.get('acted_on_change_after_s')}, {rs.get('writes')} | "
             f"{w.get('resumed_after_s')} | {inv.get('with_event')} / {inv.get('applied')}, "
             f"{inv.get('to_degraded_p99_s')} | {(r.get('namespace_deleted') or {}).get('namespace_gone_after_s')} |"

@@ -45,6 +45,17 @@ OUT = REPO / "docs" / "benchmarks"
 Save = Callable[[dict[str, Any]], None]
 
 
+def commit() -> str:
+    """The code measured: HEAD's short hash, marked when the tree differs from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "kvfleet", "operator", "router", "autoscaler")
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
+
+
 async def timed(what: str, coro: Awaitable[Any], timeout_s: float) -> Any:
     try:
         return await asyncio.wait_for(coro, timeout_s)
@@ -58,6 +69,7 @@ async def scale_run(
 ) -> dict[str, Any]:
     window_s, baseline_window_s = windows
     result: dict[str, Any] = {"deployments": n, "pods": n * REPLICAS, "started": now_iso(), "loadavg": {}}
+    result["commit"] = commit()
     result.update(window_s=window_s, baseline_window_s=baseline_window_s, phase_timeout_s=phase_timeout_s)
     admin = KubeClient.from_kubeconfig(str(cluster.plane.kubeconfig), timeout_s=120)
     s = ScaleRun(cluster, admin, n, window_s, phase_timeout_s, baseline_window_s)
