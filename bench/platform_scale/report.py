@@ -35,8 +35,9 @@ def render(results: dict[str, Any]) -> str:
         "## Apply to Ready, and a change to all (seconds)",
         "",
         "| deployments | pods | floor p50 / p99 / total | kvfleet p50 / p99 / total | p99 - floor p99 "
-        "| change all: floor / kvfleet (ratio) | load avg (1 min) |",
-        "|---|---|---|---|---|---|---|",
+        "| change all: floor / kvfleet (ratio) | kvfleet change, per deployment p50 / p99: template applied "
+        "(operator), rolled (controllers), status says so (operator) | load avg (1 min) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         if not r.get("floor"):
@@ -58,7 +59,7 @@ def render(results: dict[str, Any]) -> str:
             f"| {r['deployments']}{' (partial)' if r.get('partial') else ''} | {r['pods']} | "
             f"{fc.get('p50_s')} / {fc.get('p99_s')} / {f.get('total_s')} | "
             f"{a.get('p50_s')} / {a.get('p99_s')} / {a.get('total_s')} | {gap} | "
-            f"{floor_change or f.get('change_all_s')} / {c.get('total_s')}{ratio_text} | {load} |"
+            f"{floor_change or f.get('change_all_s')} / {c.get('total_s')}{ratio_text} | {shares(c)} | {load} |"
         )
     lines += [
         "",
@@ -198,6 +199,16 @@ def render(results: dict[str, Any]) -> str:
                 f'{(o.get("progressing") or {}).get("reason")} "{(o.get("progressing") or {}).get("message")}".',
             ]
     return "\n".join(lines) + "\n"
+
+
+def shares(change: dict[str, Any]) -> str:
+    """Where a change to all spent its time, per deployment: the operator applying the new template,
+    the controllers rolling it, the operator's status saying so."""
+    per = change.get("per_deployment") or {}
+    parts = [per.get(k) or {} for k in ("template_applied", "controllers_rolled", "status_rolled")]
+    if not any(parts):
+        return "-"
+    return ", ".join(f"{p.get('p50_s')} / {p.get('p99_s')}" for p in parts)
 
 
 def goals(runs: list[dict[str, Any]]) -> list[str]:
