@@ -50,6 +50,15 @@ def client_rate(settings: ClusterSettings) -> list[str]:
     return [f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}"] if qps > 0 else []
 
 
+def kwok_configuration(settings: ClusterSettings) -> dict[str, object]:
+    """kwok's own settings (a second ``--config`` beside its stages)."""
+    return {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {"podPlayStageParallelism": settings.kwok_pod_parallelism},
+    }
+
+
 def component_argv(
     settings: ClusterSettings, pki: Pki, ports: dict[str, int], kubeconfig: Path
 ) -> dict[str, list[str]]:
@@ -131,6 +140,7 @@ def component_argv(
             _binary(settings, "kwok"),
             f"--kubeconfig={kc}",
             f"--config={settings.bin_dir.parent / 'kwok-stages.yaml'}",
+            f"--config={root / 'kwok-config.yaml'}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={NODE_SELECTOR_ANNOTATION}=fake",
             f"--cidr={settings.pod_cidr}",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfleet.devcluster.commands import component_argv
+from kvfleet.devcluster.commands import component_argv, kwok_configuration
 from kvfleet.devcluster.pki import make_pki
 from kvfleet.devcluster.settings import ClusterSettings
 
@@ -43,3 +43,9 @@ def test_controllers_send_at_the_settings_rate_and_kubernetes_defaults_at_zero(
     assert rate_flags(argv["kwok"]) == []
     defaults = component_argv(dataclasses.replace(settings, controllers_api_qps=0), pki, PORTS, tmp_path / "kc")
     assert rate_flags(defaults["kube-controller-manager"]) == rate_flags(defaults["kube-scheduler"]) == []
+
+
+def test_kwok_plays_the_settings_pod_stages_at_once(settings: ClusterSettings, tmp_path: Path) -> None:
+    argv = component_argv(settings, make_pki(tmp_path / "pki", service_ip="10.96.0.1"), PORTS, tmp_path / "kc")
+    assert f"--config={settings.root / 'kwok-config.yaml'}" in argv["kwok"]
+    assert kwok_configuration(settings)["options"] == {"podPlayStageParallelism": 32}
