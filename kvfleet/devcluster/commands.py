@@ -55,7 +55,13 @@ def kwok_configuration(settings: ClusterSettings) -> dict[str, object]:
     return {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokConfiguration",
-        "options": {"podPlayStageParallelism": settings.kwok_pod_parallelism},
+        # A given configuration is not defaulted: the other parallelisms are kwok's defaults.
+        "options": {
+            "podPlayStageParallelism": settings.kwok_pod_parallelism,
+            "nodePlayStageParallelism": 4,
+            "nodeLeaseParallelism": 4,
+            "podsOnNodeSyncParallelism": 1,
+        },
     }
 
 

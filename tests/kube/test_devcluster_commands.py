@@ -48,4 +48,5 @@ def test_controllers_send_at_the_settings_rate_and_kubernetes_defaults_at_zero(
 def test_kwok_plays_the_settings_pod_stages_at_once(settings: ClusterSettings, tmp_path: Path) -> None:
     argv = component_argv(settings, make_pki(tmp_path / "pki", service_ip="10.96.0.1"), PORTS, tmp_path / "kc")
     assert f"--config={settings.root / 'kwok-config.yaml'}" in argv["kwok"]
-    assert kwok_configuration(settings)["options"] == {"podPlayStageParallelism": 32}
+    options = kwok_configuration(settings)["options"]
+    assert isinstance(options, dict) and options["podPlayStageParallelism"] == 32
