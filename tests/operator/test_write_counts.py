@@ -134,10 +134,15 @@ async def test_a_start_up_pass_finishes_deployments_in_turn(cluster: Cluster, bo
     for name in names:
         await cluster.create_infd(infd(name))
     start = len(list(cluster.api))
-    running = await start_operator(cluster, operator_settings(max_concurrent_reconciles=bound))
+    # Timers far off: at one reconcile at a time, the fixture's 0.5 s resyncs of twelve deployments
+    # would queue between the start-up reconciles (and a busy machine then passes the wait below).
+    settings = operator_settings(max_concurrent_reconciles=bound, resync_interval_s=600, rollout_check_interval_s=600)
+    running = await start_operator(cluster, settings)
     try:
         for name in names:
-            await eventually(lambda n=name: cluster.get(DEPLOYMENTS, NS, f"{n}-engine"), what=f"{name}'s Deployment")
+            await eventually(
+                lambda n=name: cluster.get(DEPLOYMENTS, NS, f"{n}-engine"), timeout_s=60, what=f"{name}'s Deployment"
+            )
         await quiet(cluster)
     finally:
         await stop_operator(running)
