@@ -230,7 +230,9 @@ WHY = [
     "  2,500-2,800 such patches a minute against 100-150 status writes. Timers now skip instead of",
     "  waiting (docs/operator.md); the 1,000 run's apply and steady window were measured before that",
     "  change, its baseline window, change to all and restart after it (see its note).",
-    "- **A change to all within 3x the floor**: met at 100 (2.2x); at 10 not (8.2x, measured before",
+    "- **A change to all within 3x the floor**: not met at 1,000 (277 of 1,000 rolled within the",
+    "  900 s bound, the floor all in 712 s: see its note; the status reconciles waited behind the",
+    "  queued template changes for a reconcile slot), met at 100 (2.2x); at 10 not (8.2x, measured before",
     "  the last two changes: there the floor is 2.4 s, so a few seconds of the operator's reaction",
     "  weigh more than the rollout). The per-deployment split says where the time goes: at 100 the",
     "  operator applied the new templates 12.7 s p50 after the patch (its update reconcile: a fresh",
@@ -274,8 +276,11 @@ def goals(runs: list[dict[str, Any]]) -> list[str]:
         a, fp99 = r.get("apply") or {}, ((r.get("floor") or {}).get("create_to_ready") or {}).get("p99_s")
         return round(a["p99_s"] - fp99, 1) if a.get("p99_s") is not None and fp99 is not None else None
 
-    def ratio(r: dict[str, Any]) -> float | None:
+    def ratio(r: dict[str, Any]) -> float | str | None:
         c, f = r.get("change_all") or {}, r.get("floor") or {}
+        if c.get("not_rolled") and f.get("change_all_s") and r.get("phase_timeout_s"):
+            # Not all rolled within the bound: the ratio is above bound / floor (not met).
+            return f"> {r['phase_timeout_s'] / f['change_all_s']:.2f} ({c['not_rolled']} not rolled in the bound)"
         return round(c["total_s"] / f["change_all_s"], 2) if c.get("total_s") and f.get("change_all_s") else None
 
     def get(*path: str) -> Any:
@@ -314,7 +319,7 @@ def goals(runs: list[dict[str, Any]]) -> list[str]:
     for name, target, read, bound in rows:
         found = [(r["deployments"], read(r)) for r in runs if read(r) is not None]
         at, value = found[-1] if found else ("-", None)
-        met = "?" if value is None else ("yes" if value <= bound else "no")
+        met = "?" if value is None else ("no" if isinstance(value, str) else ("yes" if value <= bound else "no"))
         out.append(f"| {name} | {target} | {value} | {at} | {met} |")
     return out
 
