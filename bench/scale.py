@@ -23,7 +23,11 @@ scheduler and kwok GPU nodes; no real node), per deployment count N:
 9. in process, no cluster: the autoscaler's tick over N deployments with 3 replicas' metrics each,
    and a router's pick latency and memory with N models and 3N endpoints.
 
-    .venv/bin/python bench/scale.py --deployments 10 100 1000 --window-s 120
+    .venv/bin/python bench/scale.py --deployments 1000 --window-s 600 --baseline-window-s 60 --phase-timeout-s 900
+    .venv/bin/python bench/scale.py --deployments 10 100 --window-s 60 --baseline-window-s 30 --phase-timeout-s 300
+
+(1,000 took about an hour of this 2-core machine shared with other work, 10 and 100 about 9
+minutes each: docs/benchmarks/scale.md.)
 
 Results merge by deployment count into docs/benchmarks/scale.json, rendered to scale.md and
 scale.png, after every phase (a run stopped part-way keeps what it measured, marked ``partial``).

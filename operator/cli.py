@@ -52,6 +52,11 @@ def operator() -> None:
     help="Reconcile a deployment when its engine Deployment's status changes (needs --cache-children), "
     "not only at the rollout check's pace.",
 )
+@click.option(
+    "--max-concurrent-reconciles",
+    type=int,
+    help="Reconciles run at once (the others wait their turn); default 16.",
+)
 @click.option("--peering", "peering_name", help=f"kopf peering name for HA (e.g. {PEERING_NAME}); omit to run alone.")
 @click.option("--priority", type=int, help="Peering priority; default random, so replicas never tie.")
 @click.option(
@@ -79,6 +84,7 @@ def run(
     rollout_check_interval_s: float | None,
     cache_children: bool,
     watch_rollouts: bool,
+    max_concurrent_reconciles: int | None,
     peering_name: str | None,
     priority: int | None,
     peering_lifetime_s: int | None,
@@ -104,6 +110,8 @@ def run(
         values["resync_interval_s"] = resync_interval_s
     if rollout_check_interval_s is not None:
         values["rollout_check_interval_s"] = rollout_check_interval_s
+    if max_concurrent_reconciles is not None:
+        values["max_concurrent_reconciles"] = max_concurrent_reconciles
     if peering_name:
         values["peering_name"] = peering_name
         # kopf pauses operators that see a peer of the same or higher priority: a random priority

@@ -156,6 +156,7 @@ def build_registry(
         index: kopf.Index[str, Claim],
         body: kopf.Body,
         bodies_index: kopf.Index[tuple[str, str], dict[str, Any]],
+        wait: bool = True,
     ) -> None:
         assert namespace is not None  # InferenceDeployments are namespaced
         if outside is not None:
@@ -166,7 +167,7 @@ def build_registry(
 
         try:
             # The watched body: a reconcile with nothing to change then sends no request at all.
-            _check(await reconciler.reconcile(namespace, name, claimants, dict(body)), logger)
+            _check(await reconciler.reconcile(namespace, name, claimants, dict(body), wait=wait), logger)
         except KubeError as e:
             what = "API server unavailable" if e.retryable else "API call failed"
             raise kopf.TemporaryError(f"{what}: {e}", delay=ours.retry_delay_s) from e
@@ -180,7 +181,8 @@ def build_registry(
     # Drift: a child deleted or edited by hand, readiness that changed, a launcher that reported.
     @kopf.timer(*resource, registry=registry, interval=ours.resync_interval_s, initial_delay=ours.resync_interval_s)
     async def resync(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"])  # indexes by name
+        # Timers do not queue for a busy operator (Reconciler.reconcile, wait=False): they come again.
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"], wait=False)
 
     # While it is not settled (not Ready, progressing or degraded), look every few seconds: pod
     # failures change no object the operator watches, so only a check reads them in time.
@@ -192,7 +194,7 @@ def build_registry(
         when=lambda body, **_: unsettled(dict(body)),
     )
     async def rollout_check(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"])  # indexes by name
+        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"], wait=False)
 
     # The autoscaler writes status.desiredReplicas; status is not in kopf's diff, so watch events.
     @kopf.on.event(*resource, registry=registry, when=lambda body, **_: reconciler.replicas_stale(dict(body)))

@@ -75,6 +75,7 @@ class Outcome:
     conflict: str | None = None  # the served name is another, older deployment's (claims.py)
     apply_error: str | None = None
     gone: bool = False
+    skipped: bool = False  # a timer's reconcile not run: the deployment's or every slot was taken
 
 
 def _object_ref(body: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +111,10 @@ class Reconciler:
         self._coldstart = coldstart
         self._pull_progress = pull_progress
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # Bounds the reconciles that run at once (settings.max_concurrent_reconciles): each one
+        # started finishes before a later one starts sending, so a pass over 1,000 deployments
+        # moves deployment by deployment instead of breadth-first.
+        self._running = asyncio.Semaphore(settings.max_concurrent_reconciles)
         # Replica count last applied per deployment: lets the watch handler skip events that do
         # not change the decision (most of them: our own status writes, the autoscaler's reasons).
         self._applied_replicas: dict[tuple[str, str], int] = {}
@@ -167,14 +172,28 @@ class Reconciler:
         name: str,
         claimants: Claimants | None = None,
         body: dict[str, Any] | None = None,
+        *,
+        wait: bool = True,
     ) -> Outcome:
         """``claimants``: served name -> the deployments claiming it (None: no check, one deployment).
+
+        ``wait=False`` (kopf's timers): when this deployment is being reconciled already, or every
+        one of the ``max_concurrent_reconciles`` slots is taken, return at once (``skipped``) rather
+        than queue. A timer comes again anyway, and one that waits is still running when the status
+        it waits to write turns its ``when`` filter false: kopf then patches the object every
+        ``cancellation_polling`` second until the timer exits (at 1,000 deployments, ~45 patches a
+        second that slowed every other request).
 
         ``body``: the object as the handler's watch saw it. A reconcile planned from it that finds
         nothing to write sends no request at all; one that would write reads the object afresh
         first and plans again (a watched body can lag behind our own last status write, and
         planning from it would post the same transition twice). Without it, it is read first."""
-        async with self._lock((namespace, name)):
+        # The deployment's own lock first: a second trigger for the same deployment waits without
+        # holding one of the slots.
+        lock = self._lock((namespace, name))
+        if not wait and (lock.locked() or self._running.locked()):
+            return Outcome(skipped=True)
+        async with lock, self._running:
             if body is not None:
                 try:
                     return await self._reconcile(namespace, name, claimants, self._newest((namespace, name), body))

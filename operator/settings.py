@@ -123,6 +123,17 @@ class OperatorSettings(BaseModel):
     rollout_nudge_workers: int = Field(
         default=8, ge=1, le=256, description="Reconciles run at once on engine Deployment changes."
     )
+    max_concurrent_reconciles: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="Reconciles that run at once, every trigger together (kopf's handlers and timers, the "
+        "rollout nudges); the others wait their turn, first come first served. Unbounded, a start-up or a "
+        "change to 1,000 deployments begins 1,000 reconciles that advance breadth-first (no deployment "
+        "finished until all are nearly done) and queue thousands of requests in the API server, where they "
+        "time out and kopf retries them. 16 keeps a 2-core API server busy (each reconcile has one request "
+        "in flight at a time) and finishes deployments one after another.",
+    )
     api_timeout_s: float = Field(default=30.0, gt=0, le=600, description="Timeout of one API request.")
     retry_delay_s: float = Field(default=10.0, gt=0, le=600, description="Delay before kopf retries a failed apply.")
     max_retries: int = Field(default=20, ge=0, le=1000, description="kopf retries of one change before giving up.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,32 @@ def component_of(entry: dict[str, Any], routers: dict[str, str]) -> str | None:
     return {v: k for k, v in SA.items()}.get(sa)
 
 
-def by_component_and_verb(entries: list[dict[str, Any]], minutes: float) -> dict[str, dict[str, float]]:
+def code_of(entry: dict[str, Any]) -> int:
+    """The API server's answer (0: none recorded, e.g. a watch still open when the entry was cut)."""
+    return int((entry.get("responseStatus") or {}).get("code") or 0)
+
+
+def succeeded(entry: dict[str, Any]) -> bool:
+    """Answered 2xx: a write that changed something (a 409, 422, 429 or a timeout changed nothing)."""
+    return 200 <= code_of(entry) < 300
+
+
+def by_component_and_verb(
+    entries: list[dict[str, Any]], minutes: float, keep: Callable[[dict[str, Any]], bool] = lambda _: True
+) -> dict[str, dict[str, float]]:
+    """Requests per minute by component and verb (every answer; ``keep``: only those it keeps)."""
     counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for e in entries:
         comp = component_of(e, {})
-        if comp is not None:
+        if comp is not None and keep(e):
             counts[comp][e.get("verb", "?")] += 1
     return {c: {v: round(n / minutes, 1) for v, n in sorted(vs.items())} for c, vs in counts.items()}
+
+
+def by_code(entries: list[dict[str, Any]], minutes: float = 1.0) -> dict[str, float]:
+    """kvfleet's requests by the API server's answer (per minute when ``minutes`` is given)."""
+    counts = collections.Counter(str(code_of(e)) for e in entries if component_of(e, {}))
+    return {code: round(n / minutes, 1) for code, n in sorted(counts.items())}
 
 
 def peak_per_second(entries: list[dict[str, Any]]) -> int:

@@ -14,7 +14,7 @@ from kvfleet.free_port import pick_free_port
 from kvfleet.kube import KubeClient
 from kvfleet.kube.watch import ResourceWatch
 
-from .audit import WRITE_VERBS, audit_entries, component_of
+from .audit import WRITE_VERBS, audit_entries, by_code, component_of, succeeded
 from .cluster import ScaleRun, components
 from .objects import DEPLOYMENTS, INFD, REPLICAS, now_iso
 
@@ -40,7 +40,8 @@ async def operator_restart(s: ScaleRun) -> dict[str, Any]:
         "acted_on_change_after_s": round(acted, 1) if acted is not None else None,
         "first_request_after_start": min((e["requestReceivedTimestamp"] for e in mine), default=None),
         "requests_first_30s_after_acting": dict(collections.Counter(e["verb"] for e in mine)),
-        "writes": sum(1 for e in mine if e["verb"] in WRITE_VERBS),
+        "writes": sum(1 for e in mine if e["verb"] in WRITE_VERBS and succeeded(e)),
+        "requests_by_code": by_code(mine),
     }
 
 

@@ -45,6 +45,17 @@ OUT = REPO / "docs" / "benchmarks"
 Save = Callable[[dict[str, Any]], None]
 
 
+def commit() -> str:
+    """The code measured: HEAD's short hash, marked when the tree differs from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "kvfleet", "operator", "router", "autoscaler")
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
+
+
 async def timed(what: str, coro: Awaitable[Any], timeout_s: float) -> Any:
     try:
         return await asyncio.wait_for(coro, timeout_s)
@@ -53,11 +64,15 @@ async def timed(what: str, coro: Awaitable[Any], timeout_s: float) -> Any:
         return {"timed_out": True}
 
 
-async def scale_run(cluster: Cluster, n: int, window_s: float, phase_timeout_s: float, save: Save) -> dict[str, Any]:
+async def scale_run(
+    cluster: Cluster, n: int, windows: tuple[float, float], phase_timeout_s: float, save: Save
+) -> dict[str, Any]:
+    window_s, baseline_window_s = windows
     result: dict[str, Any] = {"deployments": n, "pods": n * REPLICAS, "started": now_iso(), "loadavg": {}}
-    result.update(window_s=window_s, phase_timeout_s=phase_timeout_s)
+    result["commit"] = commit()
+    result.update(window_s=window_s, baseline_window_s=baseline_window_s, phase_timeout_s=phase_timeout_s)
     admin = KubeClient.from_kubeconfig(str(cluster.plane.kubeconfig), timeout_s=120)
-    s = ScaleRun(cluster, admin, n, window_s, phase_timeout_s)
+    s = ScaleRun(cluster, admin, n, window_s, phase_timeout_s, baseline_window_s)
 
     def done(key: str, value: Any) -> None:
         result[key] = value
@@ -101,7 +116,7 @@ async def scale_run(cluster: Cluster, n: int, window_s: float, phase_timeout_s: 
     return result
 
 
-def measure(n: int, window_s: float, phase_timeout_s: float, bin_dir: Path, save: Save) -> dict[str, Any]:
+def measure(n: int, windows: tuple[float, float], phase_timeout_s: float, bin_dir: Path, save: Save) -> dict[str, Any]:
     # Every pod, one surge pod per deployment while all roll at once, the doomed namespace's pods.
     nodes = max(3, math.ceil((n * (REPLICAS + 1) + DOOMED + 10) / GPUS_PER_NODE))
     with tempfile.TemporaryDirectory(prefix="kvfleet-scale-") as tmp:
@@ -129,7 +144,7 @@ def measure(n: int, window_s: float, phase_timeout_s: float, bin_dir: Path, save
             cluster = Cluster(plane, folder)
             result = asyncio.run(
                 scale_run(
-                    cluster, n, window_s, phase_timeout_s, lambda r: save({**r, "gpu_nodes": nodes + SMALL_POOL[0]})
+                    cluster, n, windows, phase_timeout_s, lambda r: save({**r, "gpu_nodes": nodes + SMALL_POOL[0]})
                 )
             )
             result["gpu_nodes"] = nodes + SMALL_POOL[0]
@@ -145,6 +160,11 @@ def main(doc: str) -> None:
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--deployments", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--window-s", type=float, default=120.0, help="steady-state window (per minute rates)")
+    parser.add_argument(
+        "--baseline-window-s",
+        type=float,
+        help="window of the operator reading by GET (default: --window-s; 0 skips it)",
+    )
     parser.add_argument("--phase-timeout-s", type=float, default=600.0)
     parser.add_argument("--bin-dir", type=Path, help="the control plane's binaries (default: tools/k8s/build.sh)")
     parser.add_argument(
@@ -180,8 +200,13 @@ def main(doc: str) -> None:
             write(n, {**previous, "autoscaler_tick": autoscaler_tick(n), "router_pick": router_pick(n)})
             continue
         bin_dir = args.bin_dir or ensure_binaries()
+        baseline = args.window_s if args.baseline_window_s is None else args.baseline_window_s
         result = measure(
-            n, args.window_s, args.phase_timeout_s, bin_dir, lambda r, n=n: write(n, {**r, "partial": True}, draw=False)
+            n,
+            (args.window_s, baseline),
+            args.phase_timeout_s,
+            bin_dir,
+            lambda r, n=n: write(n, {**r, "partial": True}, draw=False),
         )
         result["wall_s"] = round(time.monotonic() - t0, 1)
         write(n, result)

@@ -44,6 +44,27 @@ def _binary(settings: ClusterSettings, name: str) -> str:
     return str(path)
 
 
+def client_rate(settings: ClusterSettings) -> list[str]:
+    """The controller-manager's and scheduler's client rate flags (none: Kubernetes' defaults)."""
+    qps = settings.controllers_api_qps
+    return [f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}"] if qps > 0 else []
+
+
+def kwok_configuration(settings: ClusterSettings) -> dict[str, object]:
+    """kwok's own settings (a second ``--config`` beside its stages)."""
+    return {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        # A given configuration is not defaulted: the other parallelisms are kwok's defaults.
+        "options": {
+            "podPlayStageParallelism": settings.kwok_pod_parallelism,
+            "nodePlayStageParallelism": 4,
+            "nodeLeaseParallelism": 4,
+            "podsOnNodeSyncParallelism": 1,
+        },
+    }
+
+
 def component_argv(
     settings: ClusterSettings, pki: Pki, ports: dict[str, int], kubeconfig: Path
 ) -> dict[str, list[str]]:
@@ -109,6 +130,7 @@ def component_argv(
             "--node-monitor-grace-period=5m",
             "--concurrent-deployment-syncs=10",
             "--concurrent-replicaset-syncs=10",
+            *client_rate(settings),
         ],
         "kube-scheduler": [
             _binary(settings, "kube-scheduler"),
@@ -118,11 +140,13 @@ def component_argv(
             "--leader-elect=false",
             f"--secure-port={ports['kube-scheduler']}",
             "--bind-address=127.0.0.1",
+            *client_rate(settings),  # deprecated flags, still read when no --config is given
         ],
         "kwok": [
             _binary(settings, "kwok"),
             f"--kubeconfig={kc}",
             f"--config={settings.bin_dir.parent / 'kwok-stages.yaml'}",
+            f"--config={root / 'kwok-config.yaml'}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={NODE_SELECTOR_ANNOTATION}=fake",
             f"--cidr={settings.pod_cidr}",

@@ -27,7 +27,7 @@ import yaml
 from kvfleet.free_port import pick_free_port
 
 from .admin import AdminApi, kubeconfig_document
-from .commands import audit_policy, component_argv, first_service_ip
+from .commands import audit_policy, component_argv, first_service_ip, kwok_configuration
 from .nodes import gpu_nodes
 from .pki import Pki, make_pki
 from .processes import NODE_FIRST, ClusterState, pid_alive, stop_root, terminate
@@ -126,6 +126,7 @@ class ControlPlane:
         extra_ips = (node_settings.node_ip,) if node_settings else ()
         pki = make_pki(s.root / "pki", service_ip=first_service_ip(s.service_cidr), extra_ips=extra_ips)
         (s.root / "audit-policy.yaml").write_text(yaml.safe_dump(audit_policy(s.audit_user_groups)))
+        (s.root / "kwok-config.yaml").write_text(yaml.safe_dump(kwok_configuration(s)))
         ports = {
             name: pick_free_port()
             for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler")

@@ -24,6 +24,17 @@ class ClusterSettings:
     service_cidr: str = "10.96.0.0/16"  # ClusterIPs; its first address is the kubernetes Service
     pod_cidr: str = "10.244.0.0/16"  # kwok gives pods addresses from here
     ready_timeout_s: float = 120.0  # per component; a cold etcd + API server is ready in ~10 s here
+    # Client-side rate limit of the controller-manager and the scheduler (requests/s; burst twice
+    # that). Kubernetes' defaults (20 and 50/s) are sized for a shared production API server: here
+    # they, not the kwok nodes, set the pace of a large rollout (a 3-pod Deployment costs the
+    # controllers ~10 requests: 1,000 of them ~500 s at 20/s), for plain Deployments and kvfleet's
+    # engine Deployments alike. 0 keeps the defaults.
+    controllers_api_qps: int = 200
+    # Pod stages (Ready, delete) kwok plays at once for all its nodes; kwok's default is 4. Real
+    # nodes each run their own kubelet: 4 for 250 nodes made kwok the floor of a large rollout
+    # (at 1,000 Deployments, pods deleted by a rolling update stayed Terminating, holding their
+    # GPUs, while the new pods waited Pending for them).
+    kwok_pod_parallelism: int = 32
     audit_log_max_mb: int = 200  # rotated past this; tests read the audit log of their own run
     # A real node beside the kwok ones (kvfleet.devcluster.realnode): its binaries' folder
     # (tools/node/build.sh), or None for kwok nodes only.

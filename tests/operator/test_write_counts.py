@@ -14,7 +14,16 @@ from typing import Any
 
 import pytest
 
-from kvfleet_testkit.kube_emulator import DEPLOYMENTS, INFD, Cluster, RunningOperator, eventually
+from kvfleet_testkit.kube_emulator import (
+    DEPLOYMENTS,
+    INFD,
+    Cluster,
+    RunningOperator,
+    eventually,
+    operator_settings,
+    start_operator,
+    stop_operator,
+)
 
 NS = "default"
 COUNT = 3
@@ -113,3 +122,39 @@ async def test_create_applies_each_child_once_and_nudges_and_resyncs_apply_nothi
     settled = len(list(cluster.api))
     await asyncio.sleep(operator.settings.resync_interval_s * 4)
     assert sent(cluster, settled) == Counter(), sent(cluster, settled)
+
+
+@pytest.mark.parametrize("bound", [1, 3])
+async def test_a_start_up_pass_finishes_deployments_in_turn(cluster: Cluster, bound: int) -> None:
+    """Twelve deployments found at start-up, at most ``bound`` reconciles at once: when the k-th
+    engine Deployment is applied, at most k - 1 + ``bound`` deployments have been read (each
+    reconcile reads its object once, before its first write; fewer than k have finished). Unbounded,
+    all twelve were read before the first Deployment was applied: the pass went breadth-first."""
+    names = [f"m{i:02d}" for i in range(12)]
+    for name in names:
+        await cluster.create_infd(infd(name))
+    start = len(list(cluster.api))
+    # Timers far off: at one reconcile at a time, the fixture's 0.5 s resyncs of twelve deployments
+    # would queue between the start-up reconciles (and a busy machine then passes the wait below).
+    settings = operator_settings(max_concurrent_reconciles=bound, resync_interval_s=600, rollout_check_interval_s=600)
+    running = await start_operator(cluster, settings)
+    try:
+        for name in names:
+            await eventually(
+                lambda n=name: cluster.get(DEPLOYMENTS, NS, f"{n}-engine"), timeout_s=60, what=f"{name}'s Deployment"
+            )
+        await quiet(cluster)
+    finally:
+        await stop_operator(running)
+    read: set[str] = set()
+    read_before: list[int] = []  # deployments read when each engine Deployment was applied, in order
+    for r in list(cluster.api)[start:]:
+        if "kvfleet" not in r.headers.get("User-Agent", ""):
+            continue
+        plural = getattr(r.resource, "plural", r.resource)
+        if r.method.value == "GET" and plural == "inferencedeployments" and r.name is not None:
+            read.add(r.name)
+        elif r.method.value == "PATCH" and plural == "deployments" and not r.subresource:
+            read_before.append(len(read))
+    assert len(read_before) == len(names), read_before
+    assert all(n <= k - 1 + bound for k, n in enumerate(read_before, start=1)), read_before
