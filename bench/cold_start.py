@@ -53,6 +53,7 @@ from typing import Any
 from kvfleet.engine.tiny_model import make_tiny_model
 from kvfleet.free_port import pick_free_port
 from kvfleet.weight_cache import S3Settings, make_client, populate
+from kvfleet_testkit.manifests import vllm_cpu_launcher_spec
 from kvfleet_testkit.seaweedfs import SeaweedS3, seaweedfs_s3_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -514,22 +515,8 @@ VLLM_PHASES = ("pull", "engine_start", "first_ready")
 
 
 def vllm_spec(bucket: str) -> dict[str, Any]:
-    """The vLLM test's engine (tests/vllm/test_vllm_launcher.py): CPU, eager, float32, 2 GiB of KV."""
-    return {
-        "name": "bench-vllm",
-        "servedName": "bench",
-        "spec": {
-            "model": {"uri": f"s3://{bucket}/models/bench"},
-            "engine": {
-                "kind": "vllm",
-                "maxModelLen": 512,
-                "dtype": "float32",
-                "extraArgs": ["--enforce-eager", "--block-size", "32", "--max-num-seqs", "4"],
-            },
-            "resources": {"gpus": 0, "memory": "2Gi"},
-            "cache": {"bucket": bucket},
-        },
-    }
+    """The vLLM tests' engine (kvfleet_testkit.manifests): CPU, eager, float32, 2 GiB of KV."""
+    return vllm_cpu_launcher_spec("bench-vllm", "bench", f"s3://{bucket}/models/bench", bucket)
 
 
 def run_vllm_load_format_mode(args: argparse.Namespace, server: SeaweedS3, work: Path) -> None:

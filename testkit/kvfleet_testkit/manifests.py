@@ -1,5 +1,6 @@
-"""InferenceDeployment manifests for scale runs: the one builder bench/scale.py and
-tests/k8s/test_scale_real.py share, so the benchmark measures what the test asserts."""
+"""Manifests the benchmarks and tests share, so a benchmark measures what a test asserts: the
+InferenceDeployment of the scale runs (bench/scale.py, tests/k8s/test_scale_real.py) and the
+launcher's vLLM CPU spec (tests/vllm, bench/cold_start.py)."""
 
 from __future__ import annotations
 
@@ -49,5 +50,27 @@ def inference_deployment(
             "resources": resources,
             "replicas": replicas,
             "cache": {"bucket": "model-cache"},
+        },
+    }
+
+
+def vllm_cpu_launcher_spec(name: str, served_name: str, uri: str, bucket: str) -> dict[str, Any]:
+    """The launcher's spec for vLLM's CPU build on a tiny model in the S3 bucket ``bucket``: eager,
+    float32, small blocks and batch, 2 GiB of KV; one builder for tests/vllm and bench/cold_start.py
+    so the benchmark times the engine the tests check."""
+    return {
+        "name": name,
+        "namespace": "default",
+        "servedName": served_name,
+        "spec": {
+            "model": {"uri": uri},
+            "engine": {
+                "kind": "vllm",
+                "maxModelLen": 512,
+                "dtype": "float32",
+                "extraArgs": ["--enforce-eager", "--block-size", "32", "--max-num-seqs", "4"],
+            },
+            "resources": {"gpus": 0, "memory": "2Gi"},
+            "cache": {"bucket": bucket},
         },
     }

@@ -18,6 +18,7 @@ import pytest
 from kvfleet.local.models import VLLM_TINY_MODEL
 from kvfleet.weight_cache import populate
 from kvfleet.weight_cache.s3 import S3Client
+from kvfleet_testkit.manifests import vllm_cpu_launcher_spec
 from kvfleet_testkit.seaweedfs import SeaweedS3
 from tests.engine_image.conftest import (  # the launcher tests' fixtures: the real S3 server, launchers
     LauncherProcess,
@@ -63,29 +64,7 @@ def test_launcher_starts_vllm_on_cpu_and_drains_it(
     seaweedfs: SeaweedS3,
     launchers: list[LauncherProcess],  # noqa: F811
 ) -> None:
-    from kvfleet.engine.tiny_model import make_tiny_model
-
-    local = make_tiny_model(tmp_path / "model", **VLLM_TINY_MODEL)
-    bucket = f"vllm-{uuid.uuid4().hex[:10]}"
-    s3_client.create_bucket(Bucket=bucket)
-    uri = f"s3://{bucket}/models/tiny"
-    populate(s3_client, local, uri)
-    spec = {
-        "name": "tiny",
-        "namespace": "default",
-        "servedName": "tiny",
-        "spec": {
-            "model": {"uri": uri},
-            "engine": {
-                "kind": "vllm",
-                "maxModelLen": 512,
-                "dtype": "float32",
-                "extraArgs": ["--enforce-eager", "--block-size", "32", "--max-num-seqs", "4"],
-            },
-            "resources": {"gpus": 0, "memory": "2Gi"},
-            "cache": {"bucket": bucket},
-        },
-    }
+    spec = _tiny_vllm_on_s3(tmp_path, s3_client, "tiny")
     launcher = LauncherProcess(spec, tmp_path, launcher_env(seaweedfs, tmp_path / "node"))
     launchers.append(launcher)
     report = wait_until(
@@ -129,29 +108,7 @@ def test_launcher_starts_vllm_with_runai_streamer_on_the_node_caches_files(
 ) -> None:
     """``--vllm-load-format runai_streamer``: vLLM reads the node cache's verified files with Run:ai's
     streamer (never the bucket: the launcher hands it the local folder) and answers a completion."""
-    from kvfleet.engine.tiny_model import make_tiny_model
-
-    local = make_tiny_model(tmp_path / "model", **VLLM_TINY_MODEL)
-    bucket = f"vllm-{uuid.uuid4().hex[:10]}"
-    s3_client.create_bucket(Bucket=bucket)
-    uri = f"s3://{bucket}/models/tiny"
-    populate(s3_client, local, uri)
-    spec = {
-        "name": "tiny-runai",
-        "namespace": "default",
-        "servedName": "tiny",
-        "spec": {
-            "model": {"uri": uri},
-            "engine": {
-                "kind": "vllm",
-                "maxModelLen": 512,
-                "dtype": "float32",
-                "extraArgs": ["--enforce-eager", "--block-size", "32", "--max-num-seqs", "4"],
-            },
-            "resources": {"gpus": 0, "memory": "2Gi"},
-            "cache": {"bucket": bucket},
-        },
-    }
+    spec = _tiny_vllm_on_s3(tmp_path, s3_client, "tiny-runai")
     env = launcher_env(seaweedfs, tmp_path / "node")
     env["RUNAI_STREAMER_LOG_TO_STDERR"] = "1"  # the streamer's own lines, which say it did the load
     launcher = LauncherProcess(spec, tmp_path, env, extra_args=("--vllm-load-format", "runai_streamer"))
@@ -182,6 +139,18 @@ def test_launcher_starts_vllm_with_runai_streamer_on_the_node_caches_files(
     assert answer["usage"]["completion_tokens"] == 8, answer
     assert answer["choices"][0]["text"], answer
     assert launcher.stop(120.0) == 0, launcher.log[-3000:]
+
+
+def _tiny_vllm_on_s3(tmp_path: Path, s3: S3Client, name: str) -> dict[str, Any]:
+    """A tiny model populated into a new bucket of the real S3 server, and the launcher's vLLM spec on it."""
+    from kvfleet.engine.tiny_model import make_tiny_model
+
+    local = make_tiny_model(tmp_path / "model", **VLLM_TINY_MODEL)
+    bucket = f"vllm-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    uri = f"s3://{bucket}/models/tiny"
+    populate(s3, local, uri)
+    return vllm_cpu_launcher_spec(name, "tiny", uri, bucket)
 
 
 def _engine_argv(log: str) -> list[str]:
