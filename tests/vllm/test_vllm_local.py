@@ -571,7 +571,10 @@ async def test_sigterm_lets_running_streams_finish(fleet: Fleet) -> None:
         streams = [asyncio.create_task(_stream_counting(session, url, body, f)) for f in firsts]
         for first in firsts:
             await asyncio.wait_for(first.wait(), 60)
-        assert not any(s.done() for s in streams), "streams ended before SIGTERM: nothing to drain"
+        # On a busy machine a stream may finish while a later one still prefills its long prompt:
+        # the drain is checked on those still running, and every stream must still end whole.
+        running = [s for s in streams if not s.done()]
+        assert running, f"every stream ended before SIGTERM, nothing to drain: {[s.result() for s in streams]}"
         started = time.monotonic()
         os.kill(replica.child.pid, signal.SIGTERM)
         results = await asyncio.gather(*streams)
