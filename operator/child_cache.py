@@ -7,9 +7,10 @@ converged deployments every 30 s cost ~14,000 requests a minute; read from watch
 server feeds only with changes, it costs none (docs/benchmarks/scale.md).
 
 Reads of a kind whose watch has not listed yet (start-up, after a 410 until the relist) go to the
-API server, so the cache is never a reason to act on a stale "missing". Objects the operator has
-just applied are remembered until the watch delivers them or a newer version, so the next
-reconcile does not see its own write as drift.
+API server, so the cache is never a reason to act on a stale "missing". Pods are kept without their
+spec and nothing keeps its managedFields: the reconciler reads neither, and they are most of what
+3,000 pods weigh in memory. Objects the operator has just applied are remembered until the watch
+delivers them or a newer version, so the next reconcile does not see its own write as drift.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from typing import Any, Protocol
 
 from kvfleet.contracts import APP_NAME_LABEL, ENGINE_APP
 from kvfleet.kube import KubeClient, Ref
-from kvfleet.kube.watch import ObjectKey, OnChange, ResourceWatch, WatchSettings, resource_version
+from kvfleet.kube.watch import (
+    ObjectKey,
+    OnChange,
+    ResourceWatch,
+    WatchSettings,
+    keep_pod_status,
+    resource_version,
+    without_managed_fields,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +109,12 @@ class ChildCache:
         self.watches: dict[Ref, dict[str | None, ResourceWatch]] = {
             ref: {
                 ns: ResourceWatch(
-                    client, ref.collection(ns), self._on_change(ref), label_selector=CACHE_SELECTOR, settings=settings
+                    client,
+                    ref.collection(ns),
+                    self._on_change(ref),
+                    label_selector=CACHE_SELECTOR,
+                    settings=settings,
+                    transform=keep_pod_status if ref.plural == "pods" else without_managed_fields,
                 )
                 for ns in (namespaces or (None,))
             }
@@ -151,7 +165,9 @@ class ChildCache:
         if ref not in self.watches:
             return
         meta = obj.get("metadata") or {}
-        self._written[(ref.plural, str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = dict(obj)
+        self._written[(ref.plural, str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = dict(
+            without_managed_fields(obj)
+        )
         while len(self._written) > MAX_REMEMBERED_WRITES:
             self._written.pop(next(iter(self._written)))
 

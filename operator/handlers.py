@@ -17,12 +17,14 @@ from typing import Any
 import kopf
 
 from kvfleet.kube import KubeError
+from kvfleet.kube.watch import without_managed_fields
 from kvfleet.spec import GROUP, PLURAL, VERSION
 
 from . import claims
 from .claims import Claim
 from .reconcile import Outcome, Reconciler
 from .settings import FINALIZER, KOPF_PREFIX, OperatorSettings
+from .slots import Priority
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +124,9 @@ class OutsideKopf:
             return list(index.get(served, ()))
 
         task = asyncio.create_task(
-            self.reconciler.reconcile(namespace, name, claimants, dict(body)), context=self._context.copy()
+            # A nudge brings status up to date with its rollout: ahead of queued changes (slots.py).
+            self.reconciler.reconcile(namespace, name, claimants, dict(body), priority=Priority.STATUS),
+            context=self._context.copy(),
         )
         outcome = await task
         _check(outcome, log)
@@ -140,7 +144,7 @@ def build_registry(
     # kopf's handlers (a rollout nudge): they plan from it as a handler does.
     @kopf.index(*resource, registry=registry, id="bodies")
     def bodies(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-        return {(str(namespace), name): dict(body)}
+        return {(str(namespace), name): dict(without_managed_fields(dict(body)))}  # 1,000 of them: no managedFields
 
     # Every deployment's claim on its served name, kept by kopf from the watch it runs anyway (no
     # LIST per reconcile); a handler reads the claimants of one name from it.
@@ -157,6 +161,7 @@ def build_registry(
         body: kopf.Body,
         bodies_index: kopf.Index[tuple[str, str], dict[str, Any]],
         wait: bool = True,
+        priority: Priority = Priority.CHANGE,
     ) -> None:
         assert namespace is not None  # InferenceDeployments are namespaced
         if outside is not None:
@@ -167,7 +172,8 @@ def build_registry(
 
         try:
             # The watched body: a reconcile with nothing to change then sends no request at all.
-            _check(await reconciler.reconcile(namespace, name, claimants, dict(body), wait=wait), logger)
+            outcome = await reconciler.reconcile(namespace, name, claimants, dict(body), wait=wait, priority=priority)
+            _check(outcome, logger)
         except KubeError as e:
             what = "API server unavailable" if e.retryable else "API call failed"
             raise kopf.TemporaryError(f"{what}: {e}", delay=ours.retry_delay_s) from e
@@ -199,7 +205,10 @@ def build_registry(
     # The autoscaler writes status.desiredReplicas; status is not in kopf's diff, so watch events.
     @kopf.on.event(*resource, registry=registry, when=lambda body, **_: reconciler.replicas_stale(dict(body)))
     async def rescale(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"])  # indexes by name
+        # A new replica count (a wake from zero among them) goes ahead of queued changes (slots.py).
+        await run(
+            namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"], priority=Priority.STATUS
+        )
 
     @kopf.on.delete(*resource, registry=registry, retries=ours.max_retries)
     async def cleanup(*, body: kopf.Body, namespace: str | None, name: str, logger: Any, **_: Any) -> None:

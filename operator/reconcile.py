@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from kvfleet.kube import KubeClient, KubeError, KubeNotFound, KubeRejected, Ref
 from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS
+from kvfleet.kube.watch import without_managed_fields
 from kvfleet.served_names import created_unix_s
 from kvfleet.spec import API_VERSION, KIND
 from kvfleet.validation import validate_spec
@@ -43,6 +44,7 @@ from .render import (
 )
 from .replicas import decide_replicas
 from .settings import FIELD_MANAGER, OperatorSettings
+from .slots import Priority, Slots
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +115,8 @@ class Reconciler:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         # Bounds the reconciles that run at once (settings.max_concurrent_reconciles): each one
         # started finishes before a later one starts sending, so a pass over 1,000 deployments
-        # moves deployment by deployment instead of breadth-first.
-        self._running = asyncio.Semaphore(settings.max_concurrent_reconciles)
+        # moves deployment by deployment instead of breadth-first; status-only work first (slots.py).
+        self._running = Slots(settings.max_concurrent_reconciles)
         # Replica count last applied per deployment: lets the watch handler skip events that do
         # not change the decision (most of them: our own status writes, the autoscaler's reasons).
         self._applied_replicas: dict[tuple[str, str], int] = {}
@@ -146,6 +148,11 @@ class Reconciler:
         del self._own_status[key]  # the watch caught up (or moved past it)
         return watched
 
+    def rejected(self, body: dict[str, Any]) -> bool:
+        """Pure: the spec is invalid or refused by the policy (a reconcile of it only writes status)."""
+        spec, problems = validate_spec(body.get("spec"))
+        return spec is None or bool(problems) or bool(violations(spec, self._settings.policy))
+
     def replicas_stale(self, body: dict[str, Any]) -> bool:
         """Pure check for the watch handler: would a reconcile now change the replica count?"""
         meta = body.get("metadata") or {}
@@ -174,6 +181,7 @@ class Reconciler:
         body: dict[str, Any] | None = None,
         *,
         wait: bool = True,
+        priority: Priority = Priority.CHANGE,
     ) -> Outcome:
         """``claimants``: served name -> the deployments claiming it (None: no check, one deployment).
 
@@ -187,13 +195,18 @@ class Reconciler:
         ``body``: the object as the handler's watch saw it. A reconcile planned from it that finds
         nothing to write sends no request at all; one that would write reads the object afresh
         first and plans again (a watched body can lag behind our own last status write, and
-        planning from it would post the same transition twice). Without it, it is read first."""
+        planning from it would post the same transition twice). Without it, it is read first.
+
+        ``priority``: the queue position when every slot is taken (slots.py). A rejected spec goes
+        as ``STATUS`` whatever the caller says: nothing is rendered for it."""
         # The deployment's own lock first: a second trigger for the same deployment waits without
         # holding one of the slots.
         lock = self._lock((namespace, name))
         if not wait and (lock.locked() or self._running.locked()):
             return Outcome(skipped=True)
-        async with lock, self._running:
+        if priority is not Priority.STATUS and body is not None and self.rejected(body):
+            priority = Priority.STATUS
+        async with lock, self._running.hold(priority):
             if body is not None:
                 try:
                     return await self._reconcile(namespace, name, claimants, self._newest((namespace, name), body))
@@ -393,7 +406,8 @@ class Reconciler:
                 return
             outcome.status_written = True
             if version_number(written):
-                self._own_status[key], self._own_version[key] = written, version_number(written)
+                self._own_status[key] = dict(without_managed_fields(written))
+                self._own_version[key] = version_number(written)
         for transition in plan.transitions:
             cond = transition.condition
             message = f"{cond.type} is {cond.status}: {cond.message}"

@@ -15,8 +15,13 @@ from .objects import BAD_REASONS, EVENTS, INFD, REPLICAS, condition, infd, infd_
 async def apply_all(s: ScaleRun) -> dict[str, Any]:
     n = s.n
     bad = max(1, n // 10)
-    docs = [infd(f"m{i:04d}", namespace_of(i, n)) for i in range(n)]
-    docs += [infd(f"bad{i:04d}", namespace_of(i, n), invalid=True) for i in range(bad)]
+    # The invalid ones among the valid (one after every tenth), as a platform's users would apply them.
+    docs = []
+    for i in range(n):
+        docs.append(infd(f"m{i:04d}", namespace_of(i, n)))
+        if i % 10 == 9 and i // 10 < bad:
+            docs.append(infd(f"bad{i // 10:04d}", namespace_of(i // 10, n), invalid=True))
+    docs += [infd(f"bad{j:04d}", namespace_of(j, n), invalid=True) for j in range((n // 10), bad)]
     print(f"[{n}] apply {n} InferenceDeployments (+{bad} invalid)", flush=True)
     t0 = time.monotonic()
     created = await create_all(s.admin, INFD, docs)
@@ -24,7 +29,13 @@ async def apply_all(s: ScaleRun) -> dict[str, Any]:
     invalid = set(created) - s.valid
     ready, degraded = await asyncio.gather(
         wait_each(s.admin, INFD, s.valid, infd_ready, s.phase_timeout_s),
-        wait_each(s.admin, INFD, invalid, lambda o: condition(o, "Degraded").get("reason") in BAD_REASONS, 120),
+        wait_each(
+            s.admin,
+            INFD,
+            invalid,
+            lambda o: condition(o, "Degraded").get("reason") in BAD_REASONS,
+            s.phase_timeout_s,
+        ),
     )
     events = await list_all(s.admin, EVENTS)
     evented = {

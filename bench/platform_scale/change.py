@@ -36,7 +36,7 @@ async def change_all(s: ScaleRun) -> dict[str, Any]:
     # template, and when the controllers had rolled it. The first is the operator's share, the
     # second the controllers' (what the floor measures); the rest, until status says rolled, is the
     # operator's again. The watches start before the patches go out.
-    timeout_s = s.phase_timeout_s
+    timeout_s = s.change_bound_s
     waits = asyncio.gather(
         wait_each(s.admin, INFD, s.valid, infd_rolled, timeout_s),
         wait_each(s.admin, DEPLOYMENTS, set(engines), templated, timeout_s),
@@ -58,6 +58,7 @@ async def change_all(s: ScaleRun) -> dict[str, Any]:
             shares["status_rolled"].append(rolled[owner] - engine_rolled[engine])
     entries = audit_entries(s.cluster.audit, since, now_iso())
     return {
+        "bound_s": round(timeout_s, 1),
         "rolled": len(rolled),
         "not_rolled": len(s.valid) - len(rolled),
         "patches_sent_s": round(patched_s, 1),

@@ -117,13 +117,21 @@ class Component:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def peak_rss_mb(self) -> float:
+        """The most resident memory the process has held since it started (VmHWM)."""
+        return self._status_mb("VmHWM:")
+
+    def rss_mb(self) -> float:
+        """Resident memory now (VmRSS): beside the peak, what is held rather than passed through."""
+        return self._status_mb("VmRSS:")
+
+    def _status_mb(self, field_name: str) -> float:
         assert self.proc is not None
         try:
             status = Path(f"/proc/{self.proc.pid}/status").read_text()
         except OSError:
             return float("nan")
         for line in status.splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field_name):
                 return round(int(line.split()[1]) / 1024, 1)
         return 0.0
 
@@ -278,3 +286,12 @@ class ScaleRun:
     procs: dict[str, Component] = field(default_factory=dict)
     valid: set[tuple[str, str]] = field(default_factory=set)
     """The valid InferenceDeployments applied (namespace, name)."""
+    floor_change_s: float | None = None
+    """How long the floor's change to all took (the change goal is 3x this)."""
+
+    @property
+    def change_bound_s(self) -> float:
+        """The change to all waits until the goal is surely missed (3x the floor's), at least the
+        phase bound: a bound below the goal's could only say "not rolled", never met or not."""
+        goal_s = 3 * self.floor_change_s if self.floor_change_s else 0.0
+        return max(self.phase_timeout_s, goal_s)

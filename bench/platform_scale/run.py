@@ -85,6 +85,7 @@ async def scale_run(
         result["loadavg"]["start"] = loadavg()
         print(f"[{n}] floor: {n} plain Deployments x {REPLICAS} pods", flush=True)
         done("floor", await timed("floor", floor(admin, n, phase_timeout_s), phase_timeout_s * 3))
+        s.floor_change_s = None if result["floor"].get("change_timed_out") else result["floor"].get("change_all_s")
         result["loadavg"]["after_floor"] = loadavg()
 
         s.kc = cluster.install_chart_rbac()
@@ -94,6 +95,7 @@ async def scale_run(
         # Apply only once the operator runs (kopf's liveness answers): its start-up on a busy machine
         # (imports, login, the first LISTs) is not apply-to-Ready time.
         result["operator_start_s"] = await until_healthy(s.procs["operator"], phase_timeout_s)
+        result["operator_rss_at_start_mb"] = s.procs["operator"].rss_mb()  # before any deployment
         applied = await apply_all(s)
         result["loadavg"]["after_apply"] = loadavg()
         done("apply", applied["apply"])

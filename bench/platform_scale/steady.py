@@ -38,6 +38,7 @@ async def steady(s: ScaleRun) -> dict[str, Any]:
         },
         "cpu_s_per_minute": {k: round((cpu1[k] - cpu0[k]) / minutes, 2) for k in procs},
         "peak_rss_mb": {k: c.peak_rss_mb() for k, c in procs.items()},
+        "rss_mb": {k: c.rss_mb() for k, c in procs.items()},
         "loadavg": loadavg(),
     }
 

@@ -13,6 +13,9 @@
   and reconnect in the same second.
 - The consumer's ``on_change(key, obj)`` is called once per object that changed (``obj`` None when
   it is gone), also after a relist (the relist is diffed against the store by resourceVersion).
+- What is stored is ``transform(obj)``: by default the object without ``metadata.managedFields``
+  (client-go's informers strip them the same way); no consumer reads them, and at 3,000 pods they
+  were a large part of a store's memory. A consumer that needs less may drop more (``keep_pod_status``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ ObjectKey = tuple[str, str]  # (namespace, name)
 SHORT_WATCH_S = 1.0
 """A watch that ends cleanly sooner than this with no event is backed off from, not resumed at once."""
 OnChange = Callable[[ObjectKey, "Mapping[str, Any] | None"], None]
+Transform = Callable[["Mapping[str, Any]"], "Mapping[str, Any]"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,21 @@ def resource_version(obj: Mapping[str, Any]) -> str:
     return str(meta.get("resourceVersion") or "") if isinstance(meta, Mapping) else ""
 
 
+def without_managed_fields(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The object without ``metadata.managedFields`` (server-side apply's bookkeeping: the server
+    keeps it; a reader of the object never needs it). Shares every other part with ``obj``."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
+def keep_pod_status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A pod as a reader of its state needs it: identity, labels, annotations, owners and status;
+    no spec (its containers, env and volumes are most of a pod) and no managedFields."""
+    return {k: v for k, v in without_managed_fields(obj).items() if k != "spec"}
+
+
 class ResourceWatch:
     """Keeps ``store`` equal to the API server's objects at ``path`` (a collection URL)."""
 
@@ -95,8 +114,12 @@ class ResourceWatch:
         label_selector: str | None = None,
         settings: WatchSettings | None = None,
         rand: Callable[[], float] = random.random,
+        transform: Transform = without_managed_fields,
     ) -> None:
+        """``transform``: what of each object is stored and handed to ``on_change`` (a pure function;
+        it must keep ``metadata``'s name, namespace and resourceVersion)."""
         self.client = client
+        self.transform = transform
         self.path = path
         self.on_change = on_change
         self.label_selector = label_selector
@@ -123,7 +146,7 @@ class ResourceWatch:
             body = await self.client.get(self.path, params)
             for item in body.get("items") or []:
                 if isinstance(item, Mapping):
-                    found[object_key(item)] = item
+                    found[object_key(item)] = self.transform(item)
             if len(found) > self.settings.max_objects:
                 raise KubeError(f"list {self.path}: over {self.settings.max_objects} objects")
             meta = body.get("metadata") or {}
@@ -242,8 +265,9 @@ class ResourceWatch:
             if self.store.pop(key, None) is not None:
                 self._notify(key, None)
         elif kind in ("ADDED", "MODIFIED"):
-            self.store[key] = obj
-            self._notify(key, obj)
+            kept = self.transform(obj)
+            self.store[key] = kept
+            self._notify(key, kept)
         if version:
             self.version = version
 

@@ -97,3 +97,46 @@ def test_list_items_get_their_api_version_and_kind_back() -> None:
         **listed,
     }
     assert "apiVersion" not in listed  # a copy: the store keeps what the server sent
+
+
+async def test_the_cache_keeps_no_managed_fields_and_no_pod_spec(cluster: Cluster) -> None:
+    """What the reconciler never reads is not held: at 3,000 pods, most of their weight."""
+    managed = [{"manager": "kube-controller-manager", "operation": "Update", "fieldsV1": {"f:data": {}}}]
+    cm = configmap("m-engine-spec")
+    cm["metadata"]["managedFields"] = managed  # type: ignore[index]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "m-engine-0", "namespace": NS, "labels": LABELS, "managedFields": managed},
+        "spec": {"containers": [{"name": "engine", "image": "engine", "env": [{"name": "A", "value": "1"}]}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.1"},
+    }
+    await cluster.call("POST", f"/api/v1/namespaces/{NS}/configmaps", cm)
+    await cluster.call("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+    async with KubeClient.for_server(cluster.url, timeout_s=5) as client:
+        cache = ChildCache(client, (CONFIGMAPS, PODS))
+        cache.start()
+        try:
+            await eventually(lambda: cache.synced, what="the cache's first LIST")
+            found = await cache.get_object(CONFIGMAPS, NS, "m-engine-spec")
+            assert found is not None and found["data"] == {"k": "v"}
+            assert "managedFields" not in found["metadata"]
+            pods = await cache.list_objects(PODS, NS, ",".join(f"{k}={v}" for k, v in LABELS.items()))
+            assert [p["metadata"]["name"] for p in pods] == ["m-engine-0"]
+            assert "spec" not in pods[0] and "managedFields" not in pods[0]["metadata"]
+            assert pods[0]["status"]["podIP"] == "10.0.0.1" and pods[0]["metadata"]["labels"] == LABELS
+            # A change seen by the watch is stored the same way.
+            await cluster.call(
+                "PATCH",
+                f"/api/v1/namespaces/{NS}/configmaps/m-engine-spec",
+                {"data": {"k": "w"}},
+                content_type="application/merge-patch+json",
+            )
+            await eventually(
+                lambda: cache.watches[CONFIGMAPS][None].store[(NS, "m-engine-spec")].get("data") == {"k": "w"},
+                what="the change in the cache",
+            )
+            changed = cache.watches[CONFIGMAPS][None].store[(NS, "m-engine-spec")]
+            assert "managedFields" not in changed["metadata"]
+        finally:
+            await cache.stop()
