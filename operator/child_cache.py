@@ -16,7 +16,6 @@ delivers them or a newer version, so the next reconcile does not see its own wri
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -68,9 +67,22 @@ def version_number(obj: Mapping[str, Any]) -> int:
         return 0
 
 
+def json_copy(value: Any) -> Any:
+    """A deep copy of parsed JSON (dicts, lists and scalars): a few times faster than
+    ``copy.deepcopy``, which keeps a memo for shared and cyclic objects that JSON cannot hold; every
+    converged resync copies each child it reads, so this was a large part of an idle operator's CPU."""
+    if isinstance(value, dict):  # before the Mapping ABC: its isinstance is several times slower
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_copy(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: json_copy(v) for k, v in value.items()}
+    return value
+
+
 def typed(ref: Ref, obj: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of ``obj`` with its apiVersion and kind (absent from a LIST's items)."""
-    out = copy.deepcopy(dict(obj))
+    out: dict[str, Any] = json_copy(obj)
     out.setdefault("apiVersion", ref.api_version)
     if ref.plural in KINDS:
         out.setdefault("kind", KINDS[ref.plural])
@@ -122,6 +134,10 @@ class ChildCache:
         }
         # Objects we applied, by (plural, namespace, name), until the watch catches up with them.
         self._written: dict[tuple[str, str, str], dict[str, Any]] = {}
+        # The names in each store by (plural, namespace), kept from the watches' changes: a list of one
+        # deployment's pods reads its namespace's few, not every pod of the cluster (3,000 at 1,000
+        # deployments, on every resync of each: most of an idle operator's CPU).
+        self._names: dict[tuple[str, str], set[str]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     def _on_change(self, ref: Ref) -> Callable[[ObjectKey, Mapping[str, Any] | None], None]:
@@ -133,6 +149,13 @@ class ChildCache:
             written = self._written.get((ref.plural, *key))
             if written is not None and (obj is None or version_number(obj) >= version_number(written)):
                 del self._written[(ref.plural, *key)]
+            names = self._names.setdefault((ref.plural, key[0]), set())
+            if obj is None:
+                names.discard(key[1])
+                if not names:
+                    del self._names[(ref.plural, key[0])]
+            else:
+                names.add(key[1])
             if listener is not None:
                 listener(key, obj)
 
@@ -193,7 +216,9 @@ class ChildCache:
         wanted = parse_selector(label_selector)
         if watch is None or not _covers(wanted):
             return await self._client.list_objects(ref, namespace, label_selector)
-        return [typed(ref, obj) for (ns, _), obj in watch.store.items() if ns == namespace and matches(obj, wanted)]
+        assert namespace is not None
+        found = (watch.store.get((namespace, name)) for name in sorted(self._names.get((ref.plural, namespace), ())))
+        return [typed(ref, obj) for obj in found if obj is not None and matches(obj, wanted)]
 
 
 def _cache_labels() -> dict[str, str]:

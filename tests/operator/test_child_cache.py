@@ -138,5 +138,16 @@ async def test_the_cache_keeps_no_managed_fields_and_no_pod_spec(cluster: Cluste
             )
             changed = cache.watches[CONFIGMAPS][None].store[(NS, "m-engine-spec")]
             assert "managedFields" not in changed["metadata"]
+            # A list reads its namespace's names (kept from the watch's changes): a pod of another
+            # namespace is not in it, and a deleted pod leaves it.
+            other = {**pod, "metadata": {**pod["metadata"], "namespace": "elsewhere"}}
+            await cluster.call("POST", "/api/v1/namespaces/elsewhere/pods", other)
+            await cluster.call("DELETE", f"/api/v1/namespaces/{NS}/pods/m-engine-0")
+            selector = ",".join(f"{k}={v}" for k, v in LABELS.items())
+            await eventually(lambda: (NS, "m-engine-0") not in cache.watches[PODS][None].store, what="the deletion")
+            assert await cache.list_objects(PODS, NS, selector) == []
+            assert [p["metadata"]["name"] for p in await cache.list_objects(PODS, "elsewhere", selector)] == [
+                "m-engine-0"
+            ]
         finally:
             await cache.stop()
