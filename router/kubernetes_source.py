@@ -6,6 +6,13 @@ bookmarks; 410 Gone is the only relist) feed this source one changed object at a
 changed InferenceDeployment is validated again, and only the changed EndpointSlice is parsed; the
 snapshot handed to the fleet is assembled from those cached parts (no validation) once per burst
 of events, so a busy cluster costs the event loop that serves traffic little.
+
+A snapshot covers every model (``Fleet.apply`` diffs them all), so its cost grows with the fleet:
+~10-30 ms at 1,000 models. While events keep coming (1,000 deployments created or rolled at once, an
+event every few milliseconds) a snapshot per event took most of a core per router
+(docs/benchmarks/scale.md). So publishing is paced: an event after a quiet spell is published at
+once; during a stream of events the next snapshot waits until ``publish_cpu_share`` of the time
+since the last one went to publishing (at least ``min_publish_gap_s``, at most ``max_publish_gap_s``).
 """
 
 from __future__ import annotations
@@ -178,6 +185,29 @@ def build_snapshot(
     return assemble({key: view_of(key, one, merge_endpoints(by_owner.get(key, {}))) for key, one in served.items()})
 
 
+@dataclass(frozen=True)
+class PublishPacing:
+    """How often a stream of watch events may turn into a snapshot for the fleet."""
+
+    publish_cpu_share: float = 0.1
+    """At most this share of the router's time goes to publishing while events keep coming."""
+    min_publish_gap_s: float = 0.05
+    max_publish_gap_s: float = 1.0
+    """An endpoint change reaches the fleet within this (plus one snapshot's cost), however big it is."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.publish_cpu_share <= 1:
+            raise ValueError(f"publish_cpu_share must be in (0, 1], got {self.publish_cpu_share}")
+        if not 0 <= self.min_publish_gap_s <= self.max_publish_gap_s <= 60:
+            raise ValueError("need 0 <= min_publish_gap_s <= max_publish_gap_s <= 60")
+
+    def wait_s(self, since_last_s: float, last_cost_s: float) -> float:
+        """Pure: how long from now the next snapshot waits (0: publish at once). The gap after a
+        snapshot that cost c is c / share (at 10%, ten times what it took), within the bounds."""
+        gap_s = min(max(last_cost_s / self.publish_cpu_share, self.min_publish_gap_s), self.max_publish_gap_s)
+        return max(0.0, gap_s - since_last_s)
+
+
 class KubernetesReplicaSource:
     """Watches InferenceDeployments and their EndpointSlices (one namespace, or all when None)."""
 
@@ -190,8 +220,10 @@ class KubernetesReplicaSource:
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
         start_attempts: int = 8,
+        pacing: PublishPacing | None = None,
     ) -> None:
         self._client = client
+        self.pacing = pacing or PublishPacing()
         self._namespace = namespace
         settings = WatchSettings(
             min_watch_timeout_s=watch_timeout_s,
@@ -218,6 +250,10 @@ class KubernetesReplicaSource:
         self._conflicts: set[NameConflict] = set()  # logged while they stand
         self._sink: FleetSink | None = None
         self._publish_pending = False
+        self._published_at = float("-inf")  # loop time of the last snapshot, and what it cost
+        self._publish_cost_s = 0.0
+        self.publishes = 0
+        """Snapshots handed to the fleet so far (tests and logs read it)."""
         self._tasks: list[asyncio.Task[None]] = []
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
@@ -267,13 +303,23 @@ class KubernetesReplicaSource:
         if self._sink is None or self._publish_pending:
             return
         self._publish_pending = True
-        asyncio.get_running_loop().call_soon(self._publish)
+        loop = asyncio.get_running_loop()
+        wait_s = self.pacing.wait_s(loop.time() - self._published_at, self._publish_cost_s)
+        if wait_s > 0:
+            loop.call_later(wait_s, self._publish)
+        else:
+            loop.call_soon(self._publish)
 
     def _publish(self) -> None:
         self._publish_pending = False
         if self._sink is not None:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
             snapshot: Snapshot = self.snapshot()
             self._sink.apply(snapshot)
+            self._published_at = loop.time()
+            self._publish_cost_s = self._published_at - started
+            self.publishes += 1
 
     def snapshot(self) -> dict[str, DeploymentView]:
         snapshot, conflicts = resolve_claims(self._views.values())

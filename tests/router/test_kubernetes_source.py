@@ -13,7 +13,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from support.watch_api import WatchApi
 
 from kvfleet.kube.client import KubeClient
-from kvfleet.router.kubernetes_source import KubernetesReplicaSource, build_snapshot, slice_endpoints
+from kvfleet.router.kubernetes_source import (
+    KubernetesReplicaSource,
+    PublishPacing,
+    build_snapshot,
+    slice_endpoints,
+)
 from kvfleet.router.replicas import DeploymentView, Snapshot
 from kvfleet_testkit.kmock_resources import register_inference_deployments
 
@@ -374,3 +379,51 @@ def test_a_slices_launcher_port_reaches_its_endpoints() -> None:
         odd = endpoint_slice("s2", "llama", [endpoint("p0", "10.0.0.1")])
         odd["ports"] = ports
         assert [e.launcher_port for e in slice_endpoints(odd)] == [None], ports
+
+
+def test_publish_pacing_bounds_the_share_spent_on_snapshots() -> None:
+    pacing = PublishPacing(publish_cpu_share=0.1, min_publish_gap_s=0.05, max_publish_gap_s=1.0)
+    assert pacing.wait_s(since_last_s=10.0, last_cost_s=0.02) == 0.0  # after a quiet spell: at once
+    assert pacing.wait_s(since_last_s=0.0, last_cost_s=0.02) == pytest.approx(0.2)  # ten times its cost
+    assert pacing.wait_s(since_last_s=0.15, last_cost_s=0.02) == pytest.approx(0.05)
+    assert pacing.wait_s(since_last_s=0.0, last_cost_s=0.0001) == pytest.approx(0.05)  # the floor
+    assert pacing.wait_s(since_last_s=0.0, last_cost_s=5.0) == pytest.approx(1.0)  # the ceiling
+    with pytest.raises(ValueError, match="publish_cpu_share"):
+        PublishPacing(publish_cpu_share=0)
+    with pytest.raises(ValueError, match="min_publish_gap_s"):
+        PublishPacing(min_publish_gap_s=2.0, max_publish_gap_s=1.0)
+
+
+async def test_a_stream_of_events_becomes_a_few_snapshots_holding_them_all(free_port: int) -> None:
+    """40 EndpointSlice changes in a burst: every endpoint reaches the fleet, in a few snapshots,
+    not one each (a snapshot covers every model: at 1,000 models, one per event took most of a core)."""
+    api = WatchApi()
+    await api.start(free_port)
+    for name in ("a", "b"):
+        await api.put(IDS.format(ns="team"), deployment(name))
+    pacing = PublishPacing(min_publish_gap_s=1.0, max_publish_gap_s=2.0)
+    source = KubernetesReplicaSource(KubeClient.for_server(api.url), namespace="team", pacing=pacing)
+    recorder = Recorder()
+    await source.start(recorder)
+    try:
+        assert source.publishes == 1
+        slices = [
+            endpoint_slice(f"s-{i}", "a" if i % 2 else "b", [endpoint(f"p{i}", f"10.0.0.{i}")]) for i in range(40)
+        ]
+        started = asyncio.get_running_loop().time()
+        for one in slices:  # a stream, each event seen on its own (a burst in one read coalesces anyway)
+            await api.put(SLICES.format(ns="team"), one)
+            await asyncio.sleep(0.01)
+        took_s = asyncio.get_running_loop().time() - started
+        await until(lambda: sum(len(v.endpoints) for v in recorder.last.values()) == 40, timeout_s=10)
+        # One second apart at least, and the first at once: unpaced, about one per event.
+        assert source.publishes <= 3 + took_s, (source.publishes, took_s)
+        await asyncio.sleep(2.5)
+        quiet = source.publishes
+        # After a quiet spell a change is published (at once: the pure test above), in one snapshot.
+        await api.put(SLICES.format(ns="team"), endpoint_slice("s-0", "b", []))
+        await until(lambda: sum(len(v.endpoints) for v in recorder.last.values()) == 39, timeout_s=5)
+        assert source.publishes == quiet + 1
+    finally:
+        await source.stop()
+        await api.stop()
