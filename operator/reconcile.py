@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from kvfleet.kube import KubeClient, KubeError, KubeNotFound, KubeRejected, Ref
+from kvfleet.kube import KubeClient, KubeConflict, KubeError, KubeNotFound, KubeRejected, Ref
 from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS
 from kvfleet.kube.watch import without_managed_fields
 from kvfleet.served_names import created_unix_s
@@ -58,7 +58,8 @@ def ref_of(kind: ChildKind) -> Ref:
 
 
 class _ReadAgain(Exception):
-    """A reconcile planned from a watched body is about to write: it reads the object afresh first."""
+    """A reconcile planned from a watched body is about to apply a child, or its status write found
+    the object moved on (409): it reads the object afresh and plans again."""
 
 
 class EventPoster(Protocol):
@@ -193,9 +194,10 @@ class Reconciler:
         second that slowed every other request).
 
         ``body``: the object as the handler's watch saw it. A reconcile planned from it that finds
-        nothing to write sends no request at all; one that would write reads the object afresh
-        first and plans again (a watched body can lag behind our own last status write, and
-        planning from it would post the same transition twice). Without it, it is read first.
+        nothing to write sends no request at all; one that would apply a child reads the object
+        afresh first and plans again; a status write is sent with the body's resourceVersion as a
+        precondition, and read afresh only on a 409 (a watched body can lag behind another write,
+        and planning from it would post the same transition twice). Without it, it is read first.
 
         ``priority``: the queue position when every slot is taken (slots.py). A rejected spec goes
         as ``STATUS`` whatever the caller says: nothing is rendered for it."""
@@ -394,16 +396,31 @@ class Reconciler:
         changed = first_difference(plan.status, live_status) is not None
         key = (meta["namespace"], meta["name"])
         holds_own = key in self._own_version and version_number(body) >= self._own_version[key]
+        # Planned from a watched copy that may lag (another writer, or kopf's own patches): written
+        # only if the object is still at that copy's version; when it has moved on (409), read it
+        # and plan again. One request in the common case, where a read first cost two.
+        precondition = None
         if watched and (changed or plan.transitions) and not holds_own:
-            raise _ReadAgain
+            precondition = str(meta.get("resourceVersion") or "")
+            if not changed or not precondition:
+                raise _ReadAgain
         if changed:
             try:
                 written = await self._client.patch_status(
-                    INFD, meta["namespace"], meta["name"], plan.status, field_manager=FIELD_MANAGER
+                    INFD,
+                    meta["namespace"],
+                    meta["name"],
+                    plan.status,
+                    field_manager=FIELD_MANAGER,
+                    resource_version=precondition,
                 )
             except KubeNotFound:
                 outcome.gone = True
                 return
+            except KubeConflict:
+                if precondition is None:
+                    raise
+                raise _ReadAgain from None
             outcome.status_written = True
             if version_number(written):
                 self._own_status[key] = dict(without_managed_fields(written))

@@ -175,13 +175,25 @@ class KubeClient:
         return await self.request("PATCH", path, obj, params=params, content_type=APPLY_PATCH)
 
     async def patch_status(
-        self, ref: Ref, namespace: str, name: str, status: Mapping[str, Any], *, field_manager: str
+        self,
+        ref: Ref,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        field_manager: str,
+        resource_version: str | None = None,
     ) -> dict[str, Any]:
         """A merge patch of ``status`` through the status subresource (never touches spec): only the
-        keys in ``status`` change, so each writer sends only the fields it owns."""
-        return await self.merge_patch(
-            ref.item(namespace, name, "status"), {"status": dict(status)}, field_manager=field_manager
-        )
+        keys in ``status`` change, so each writer sends only the fields it owns.
+
+        ``resource_version``: written only if the object is still at that version (the API server
+        answers 409, ``KubeConflict``, when it has moved on): a status planned from a copy that may
+        be stale costs one request when it was not, instead of a read before every write."""
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return await self.merge_patch(ref.item(namespace, name, "status"), body, field_manager=field_manager)
 
     async def delete_object(self, ref: Ref, namespace: str | None, name: str) -> bool:
         """Delete with background propagation; False when it was already gone."""

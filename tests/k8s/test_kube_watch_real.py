@@ -79,3 +79,36 @@ def test_watch_resumes_after_the_server_timeout_and_relists_only_on_gone(
                     await task
 
     asyncio.run(scenario())
+
+
+def test_a_status_patch_with_a_stale_resource_version_is_refused(
+    control_plane: ControlPlane, kubectl: Kubectl, crd_installed: None, namespace: str
+) -> None:
+    """The operator writes status planned from a watched copy with that copy's resourceVersion as a
+    precondition (operator/reconcile.py): the real API server must refuse it once the object moved
+    on (409, ``KubeConflict``), and accept it while the object is at that version."""
+    from kvfleet.kube import KubeConflict
+    from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS as INFD
+
+    async def scenario() -> None:
+        async with KubeClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+            kubectl.apply(doc("pre", namespace))
+            first = await client.get_object(INFD, namespace, "pre")
+            assert first is not None
+            seen = first["metadata"]["resourceVersion"]
+            written = await client.patch_status(
+                INFD, namespace, "pre", {"endpoint": "a"}, field_manager="test", resource_version=seen
+            )
+            assert written["status"]["endpoint"] == "a"
+            try:
+                await client.patch_status(
+                    INFD, namespace, "pre", {"endpoint": "b"}, field_manager="test", resource_version=seen
+                )
+            except KubeConflict:
+                pass
+            else:
+                raise AssertionError("a patch from a stale copy was written")
+            now = await client.get_object(INFD, namespace, "pre")
+            assert now is not None and now["status"]["endpoint"] == "a"
+
+    asyncio.run(scenario())
