@@ -26,8 +26,8 @@ scheduler and kwok GPU nodes; no real node), per deployment count N:
     .venv/bin/python bench/scale.py --deployments 1000 --window-s 600 --baseline-window-s 60 --phase-timeout-s 900
     .venv/bin/python bench/scale.py --deployments 10 100 --window-s 60 --baseline-window-s 30 --phase-timeout-s 300
 
-(1,000 took about an hour of this 2-core machine shared with other work, 10 and 100 about 9
-minutes each: docs/benchmarks/scale.md.)
+(1,000 took 31 minutes of this 2-core machine left to it, the 10-minute steady window included;
+10 and 100 5-6 minutes each: docs/benchmarks/scale.md.)
 
 Results merge by deployment count into docs/benchmarks/scale.json, rendered to scale.md and
 scale.png, after every phase (a run stopped part-way keeps what it measured, marked ``partial``).
