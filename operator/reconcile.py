@@ -206,7 +206,9 @@ class Reconciler:
         lock = self._lock((namespace, name))
         if not wait and (lock.locked() or self._running.locked()):
             return Outcome(skipped=True)
-        if priority is not Priority.STATUS and body is not None and self.rejected(body):
+        # Only when it would wait: with a slot free the priority changes nothing, and the spec is
+        # validated again inside anyway.
+        if priority is not Priority.STATUS and body is not None and self._running.locked() and self.rejected(body):
             priority = Priority.STATUS
         async with lock, self._running.hold(priority):
             if body is not None:
