@@ -23,6 +23,7 @@ from .pull_progress import PullProgressProbe
 from .reconcile import Reconciler
 from .render import CHILD_KINDS, DEPLOYMENT, SERVICE_MONITOR
 from .rollout_nudge import NudgeSettings, RolloutNudges
+from .served import wait_until_served
 from .settings import OperatorSettings
 
 USER_AGENT = "kvfleet-operator"
@@ -67,6 +68,12 @@ async def run_operator(
         return config if config is not None else load_config()
 
     client = KubeClient(load(), timeout_s=settings.api_timeout_s, user_agent=USER_AGENT)
+    try:
+        # The CRD may have been created a moment ago: wait until it is served (operator/served.py).
+        await wait_until_served(client, settings.namespaces)
+    except BaseException:
+        await client.close()
+        raise
     coldstart = ColdStartProbe(
         port=settings.launcher_port,
         timeout_s=settings.coldstart_timeout_s,

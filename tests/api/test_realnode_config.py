@@ -46,6 +46,8 @@ def test_kubelet_and_kube_proxy_leave_the_host_alone(tmp_path: Path) -> None:
     assert (kubelet["cgroupDriver"], kubelet["failCgroupV1"], kubelet["failSwapOn"]) == ("cgroupfs", False, False)
     assert kubelet["makeIPTablesUtilChains"] is False
     assert kubelet["authentication"]["anonymous"]["enabled"] is False
+    # Imported images are never garbage-collected (the pause image among them: nothing re-pulls it).
+    assert kubelet["imageGCHighThresholdPercent"] == 100
     proxy = kube_proxy_config(s, tmp_path / "kc")
     assert proxy["conntrack"]["maxPerCore"] == 0  # the host's conntrack table is not ours to size
     plan = holder_plan(s)

@@ -156,8 +156,13 @@ def kubelet_config(s: NodeSettings, ca_file: Path) -> dict[str, Any]:
             "nodefs.inodesFree": "1%",
             "imagefs.available": "1%",
         },
-        "imageGCHighThresholdPercent": 99,
-        "imageGCLowThresholdPercent": 98,
+        # No image garbage collection: the node's images are imported by `kvfleet dev cluster images`
+        # (never pulled, nothing to pull them from), and on a disk the node shares with the host a
+        # build elsewhere filled it past 99% for a while: the kubelet then removed every image no
+        # container used, the imported pause image among them (containerd 1.6 does not pin an
+        # imported sandbox image), and no pod could start until the next import. 100 disables it.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
         "staticPodPath": "",
     }
 
