@@ -10,14 +10,15 @@ RBAC does not grant the list) ends the start with its reason instead of a retry 
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import random
 from collections.abc import Callable
 
-from kvfleet.kube import KubeClient, KubeError
+from kvfleet.kube import KubeClient
 from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.ref import INFERENCE_DEPLOYMENTS
+from kvfleet.kube.retry import retry_while_healing
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +35,14 @@ async def wait_until_served(
 ) -> None:
     """One LIST (``limit=1``) of InferenceDeployments per scope the operator serves (the cluster,
     or each namespace), retried while the failure can heal; raises the last ``KubeError``."""
-    if not 1 <= attempts <= 100:
-        raise ValueError(f"attempts must be in [1, 100], got {attempts}")
-    backoff = backoff or Backoff()
     for scope in namespaces or (None,):
-        for attempt in range(attempts):
-            try:
-                await client.get(INFERENCE_DEPLOYMENTS.collection(scope), {"limit": "1"})
-                break
-            except KubeError as e:
-                if not e.retryable or attempt == attempts - 1:
-                    raise
-                wait_s = backoff.wait_s(attempt, e.retry_after_s, rand)
-                log.info("InferenceDeployments not served yet (%s); asking again in %.1fs", e, wait_s)
-                await asyncio.sleep(wait_s)
+        path = INFERENCE_DEPLOYMENTS.collection(scope)
+        await retry_while_healing(
+            functools.partial(client.get, path, {"limit": "1"}),
+            attempts=attempts,
+            backoff=backoff or Backoff(),
+            what=f"InferenceDeployments not served yet: list {path}",
+            log=log,
+            level=logging.INFO,
+            rand=rand,
+        )

@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from kvfleet.kube.backoff import Backoff
 from kvfleet.kube.client import KubeClient
 from kvfleet.kube.errors import KubeError, KubeGone, KubeUnreachable
+from kvfleet.kube.retry import retry_while_healing
 
 log = logging.getLogger(__name__)
 
@@ -176,17 +177,14 @@ class ResourceWatch:
 
     async def sync(self) -> None:
         """The first LIST, retried with back-off while the failure can heal; raises the last error."""
-        attempts = self.settings.start_attempts
-        for attempt in range(attempts):
-            try:
-                await self.list()
-                return
-            except KubeError as e:
-                if attempt == attempts - 1 or not e.retryable:
-                    raise
-                wait_s = self.settings.backoff.wait_s(attempt, e.retry_after_s, self.rand)
-                log.warning("list %s (attempt %d/%d): %s; again in %.1fs", self.path, attempt + 1, attempts, e, wait_s)
-                await asyncio.sleep(wait_s)
+        await retry_while_healing(
+            self.list,
+            attempts=self.settings.start_attempts,
+            backoff=self.settings.backoff,
+            what=f"list {self.path}",
+            log=log,
+            rand=self.rand,
+        )
 
     async def run(self) -> None:
         """Watch forever (until cancelled). As client-go's reflector: a clean end resumes at once; a
