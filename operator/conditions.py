@@ -216,6 +216,33 @@ def _noteworthy_first(cond: Cond) -> bool:
     return not (cond.type in ("Degraded", "ScaledToZero") and cond.status == "False")
 
 
+def _event_worthy(cond: Cond, old: dict[str, Any] | None) -> bool:
+    """A transition that gets an Event. Ready and Progressing speak when their status flips (a
+    reason moving within one status, Creating to NoReplicaReady or RollingOut to ScalingUp, is the
+    bring-up going as it should: status says it, an Event per step cost the API server a write
+    for each of 1,000 deployments applied at once), and so does ScaledToZero; Degraded=True on a
+    new reason too (ImagePullBackOff to CrashLoopBackOff is news)."""
+    if old is None:
+        return _noteworthy_first(cond)
+    if old.get("status") != cond.status:
+        return True
+    return cond.type == "Degraded" and cond.status == "True" and old.get("reason") != cond.reason
+
+
+def _one_voice(transitions: list[Transition]) -> list[Transition]:
+    """One Event per reason (an invalid spec flips Ready, Progressing and Degraded at once with one
+    reason, and three identical Events would be noise), and one Normal Event per status write (Ready
+    and Progressing Complete come together when the last replica is ready: one says it). The most
+    telling condition speaks; Warnings all speak."""
+    by_reason: dict[str, Transition] = {}
+    for transition in sorted(transitions, key=lambda t: _EVENT_PRIORITY.index(t.condition.type)):
+        by_reason.setdefault(transition.condition.reason, transition)
+    ordered = sorted(by_reason.values(), key=lambda t: _EVENT_PRIORITY.index(t.condition.type))
+    normal = next((t for t in ordered if t.event_type == "Normal"), None)
+    kept = [t for t in ordered if t.event_type == "Warning" or t is normal]
+    return sorted(kept, key=lambda t: CONDITION_TYPES.index(t.condition.type))
+
+
 def plan_status(obs: Observed, previous: dict[str, Any] | None, now: datetime) -> StatusPlan:
     """The new status (operator-owned keys) and the transitions since ``previous`` (live status)."""
     previous = previous or {}
@@ -238,19 +265,12 @@ def plan_status(obs: Observed, previous: dict[str, Any] | None, now: datetime) -
                 observed_generation=obs.generation,
             )
         )
-        changed = old is None or old.get("status") != cond.status or old.get("reason") != cond.reason
-        if changed and (old is not None or _noteworthy_first(cond)):
+        if _event_worthy(cond, old):
             warn = (cond.type == "Degraded" and cond.status == "True") or (
                 cond.type == "Ready" and cond.status == "False" and old is not None
             )
             transitions.append(Transition(cond, "Warning" if warn else "Normal"))
-    # One Event per reason: an invalid spec flips Ready, Progressing and Degraded at once, and
-    # three identical InvalidSpec (or PolicyViolation) Events would only be noise. The most telling
-    # condition speaks.
-    by_reason: dict[str, Transition] = {}
-    for transition in sorted(transitions, key=lambda t: _EVENT_PRIORITY.index(t.condition.type)):
-        by_reason.setdefault(transition.condition.reason, transition)
-    transitions = sorted(by_reason.values(), key=lambda t: CONDITION_TYPES.index(t.condition.type))
+    transitions = _one_voice(transitions)
 
     status = InferenceDeploymentStatus(
         replicas=obs.deployment.replicas if obs.deployment is not None else 0,

@@ -1,10 +1,11 @@
 """Thin kopf handlers over the reconciler, registered into a registry built from typed settings.
 
-Every handler calls the same level-based reconcile, so which one fires (create, update, resume,
-the resync timer, or the watch of status.desiredReplicas) never changes the result. Errors are
-translated here, once: an API that did not answer becomes ``kopf.TemporaryError`` (kopf retries
-with a delay, a bounded number of times); everything the reconciler can decide on its own
-(an invalid spec, an apply the server refused) is reported in status and not retried in a loop.
+One event handler decides from each watched body whether to reconcile (a spec not yet observed, a
+replica count not yet applied); the periodic looks (``periodic.py``) and the rollout nudges
+(``rollout_nudge.py``) reconcile through ``OutsideKopf``. All call the same level-based reconcile,
+so which one fires never changes the result. An API that did not answer is logged and left to the
+periodic looks (the deployment stays due); everything the reconciler can decide on its own (an
+invalid spec, an apply the server refused) is reported in status and not retried in a loop.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
@@ -28,16 +30,13 @@ from .slots import Priority
 
 log = logging.getLogger(__name__)
 
-TIMER_EXIT_POLL_S = 1.0  # how often a deletion checks that a running timer has exited
-
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
-    """Where kopf keeps its bookkeeping, and how it posts events and peers.
+    """How kopf posts events and peers, and the finalizer name it knows.
 
-    kopf's progress and diff-base go to annotations under kvfleet.io/: the CRD's status schema is
-    strict (the API server would prune a ``status.kopf`` field, and kopf would then redo its work
-    forever), and annotations that are not in Git are ignored by Argo CD's diff (they belong to
-    another field manager), so they cause no drift. spec is never written.
+    kopf writes nothing to an InferenceDeployment now (no handler of ours needs its finalizer,
+    progress or diff-base): the finalizer is named only so that kopf removes it from objects an
+    older operator put it on (kopf drops a finalizer no handler requires). spec is never written.
     """
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
@@ -48,10 +47,6 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
     settings.posting.reporting_component = "kvfleet-operator"
-    # A timer caught mid-run by a deletion holds the finalizer until kopf polls it again, 60 s by
-    # default: a deleted deployment kept its served name (and another namespace waited for it) for
-    # a minute. Our timers are short API reads, so polling every second frees it promptly.
-    settings.background.cancellation_polling = TIMER_EXIT_POLL_S
     # Serve the resources found at startup only: no list/watch on CRDs and namespaces in RBAC.
     # The chart installs the CRD before the operator; a new CRD version needs an operator restart.
     settings.scanning.disabled = True
@@ -61,19 +56,6 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.peering.standalone = ours.peering_name is None
     settings.peering.mandatory = ours.peering_name is not None
     settings.peering.clusterwide = not ours.namespaces
-
-
-def unsettled(body: dict[str, Any]) -> bool:
-    """Status says pods are still coming, or failing: worth a look sooner than the calm resync."""
-    conditions = {c.get("type"): c for c in ((body.get("status") or {}).get("conditions") or [])}
-    if not conditions:
-        return False  # not reconciled yet: the create handler runs anyway
-    ready, progressing, degraded = (conditions.get(t) or {} for t in ("Ready", "Progressing", "Degraded"))
-    if degraded.get("reason") in ("InvalidSpec", "PolicyViolation"):
-        return False  # nothing to watch until the spec changes
-    if degraded.get("reason") == claims.REASON:
-        return True  # the older claimant may go or rename at any time: look again soon
-    return ready.get("status") != "True" or progressing.get("status") == "True" or degraded.get("status") == "True"
 
 
 def _check(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
@@ -90,12 +72,12 @@ def _check(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[Any]
 
 
 class OutsideKopf:
-    """Reconciles an InferenceDeployment from outside kopf's handlers (the rollout nudges).
+    """Reconciles an InferenceDeployment from outside kopf's handlers (periodic looks, nudges).
 
-    What such a reconcile needs of kopf is taken from the first handler that runs: the watched
-    bodies and the served-name claims (kopf's indexes, live views), and the handler's context,
-    where ``kopf.event`` finds the operator's event queue (a task kopf did not start has none).
-    Until a handler has run (the resume handlers at start-up), a nudge waits.
+    What such a reconcile needs of kopf is taken from the first event handler that runs: the
+    watched bodies and the served-name claims (kopf's indexes, live views), and the handler's
+    context, where ``kopf.event`` finds the operator's event queue (a task kopf did not start has
+    none). Until an event has come (kopf's start-up listing), a reconcile waits and ``bodies`` is empty.
     """
 
     def __init__(self, reconciler: Reconciler) -> None:
@@ -111,37 +93,65 @@ class OutsideKopf:
             self._bodies, self._claims = bodies, claims_index
             self._bound.set()
 
-    async def reconcile(self, namespace: str, name: str) -> None:
+    def bodies(self) -> Iterator[tuple[tuple[str, str], dict[str, Any]]]:
+        """Every watched deployment's last body (none until bound)."""
+        if self._bodies is None:
+            return
+        for key, store in list(self._bodies.items()):
+            body = next(iter(store), None)
+            if body is not None:
+                yield key, body
+
+    async def reconcile(self, namespace: str, name: str, *, wait: bool = True) -> Outcome | None:
+        """A nudge (``wait``: it queues for a slot) or a periodic look (``wait=False``: skipped when
+        the deployment or every slot is busy, and looked at again at the next tick)."""
         await self._bound.wait()
         assert self._context is not None and self._bodies is not None and self._claims is not None
         store = self._bodies.get((namespace, name))
         body = next(iter(store), None) if store is not None else None
         if body is None:
-            return  # deleted meanwhile: kopf's delete handler has it
+            return None  # deleted meanwhile
         index = self._claims
 
         def claimants(served: str) -> list[Claim]:
             return list(index.get(served, ()))
 
         task = asyncio.create_task(
-            # A nudge brings status up to date with its rollout: ahead of queued changes (slots.py).
-            self.reconciler.reconcile(namespace, name, claimants, dict(body), priority=Priority.STATUS),
+            # Status brought up to date with a rollout, or a look: ahead of queued changes (slots.py).
+            self.reconciler.reconcile(namespace, name, claimants, dict(body), wait=wait, priority=Priority.STATUS),
             context=self._context.copy(),
         )
         outcome = await task
         _check(outcome, log)
+        return outcome
 
 
-def build_registry(
-    reconciler: Reconciler, ours: OperatorSettings, outside: OutsideKopf | None = None
-) -> kopf.OperatorRegistry:
+def spec_unobserved(body: dict[str, Any]) -> bool:
+    """Pure: the spec changed (or is new) since the last status the operator wrote: the API server
+    moves metadata.generation on every spec change and on nothing else (the CRD has a status
+    subresource), and every status write records the generation it saw."""
+    meta = body.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return False
+    return (body.get("status") or {}).get("observedGeneration") != meta.get("generation")
+
+
+def build_registry(reconciler: Reconciler, ours: OperatorSettings, outside: OutsideKopf) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers; nothing is registered globally. ``outside``
-    is bound to kopf's indexes and context by the first handler run (the rollout nudges use it)."""
+    is bound to kopf's indexes and context by the first event (the periodic looks and the rollout
+    nudges reconcile through it).
+
+    kopf here is the watch, the indexes and the Event poster; the decision of when to reconcile is
+    ours, from the body alone (a spec not yet observed, a replica count not yet applied). No create,
+    update, resume, timer or delete handler: each of those makes kopf write to the object (a
+    finalizer, its diff-base annotation), 2 writes per create that every InferenceDeployment
+    watcher sees (docs/operator.md). The resync and rollout check are ``periodic.py``'s; children
+    go with their owner by Kubernetes' garbage collection (their ownerReferences)."""
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
     # Every deployment's body as kopf's watch last delivered it, for reconciles started outside
-    # kopf's handlers (a rollout nudge): they plan from it as a handler does.
+    # kopf's handlers (the periodic looks, rollout nudges): they plan from it as a handler does.
     @kopf.index(*resource, registry=registry, id="bodies")
     def bodies(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
         return {(str(namespace), name): dict(without_managed_fields(dict(body)))}  # 1,000 of them: no managedFields
@@ -153,71 +163,35 @@ def build_registry(
         found = claims.claim_of(str(namespace), name, dict(body))
         return {found[0]: found[1]} if found is not None else None
 
-    async def run(
-        namespace: str | None,
-        name: str,
-        logger: Any,
-        index: kopf.Index[str, Claim],
-        body: kopf.Body,
-        bodies_index: kopf.Index[tuple[str, str], dict[str, Any]],
-        wait: bool = True,
-        priority: Priority = Priority.CHANGE,
-    ) -> None:
+    # Every watch event (the start-up listing among them); most need nothing, decided from the body.
+    @kopf.on.event(*resource, registry=registry)
+    async def watched(*, type: str | None, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
         assert namespace is not None  # InferenceDeployments are namespaced
-        if outside is not None:
-            outside.bind(bodies_index, index)
+        outside.bind(kwargs["bodies"], kwargs["served_names"])
+        if type == "DELETED":
+            reconciler.forget(namespace, name)  # its children go by garbage collection
+            return
+        body = dict(kwargs["body"])
+        # A new or changed spec renders and applies children; a new replica count (the autoscaler's,
+        # a wake among them) is status work and goes ahead of queued changes (slots.py).
+        if spec_unobserved(body):
+            priority = Priority.CHANGE
+        elif reconciler.replicas_stale(body):
+            priority = Priority.STATUS
+        else:
+            return
+        index = kwargs["served_names"]
 
         def claimants(served: str) -> list[Claim]:
             return list(index.get(served, ()))
 
         try:
             # The watched body: a reconcile with nothing to change then sends no request at all.
-            outcome = await reconciler.reconcile(namespace, name, claimants, dict(body), wait=wait, priority=priority)
+            outcome = await reconciler.reconcile(namespace, name, claimants, body, priority=priority)
             _check(outcome, logger)
         except KubeError as e:
+            # Not retried here: the deployment stays due, and the periodic looks retry it.
             what = "API server unavailable" if e.retryable else "API call failed"
-            raise kopf.TemporaryError(f"{what}: {e}", delay=ours.retry_delay_s) from e
-
-    @kopf.on.resume(*resource, registry=registry, retries=ours.max_retries)
-    @kopf.on.create(*resource, registry=registry, retries=ours.max_retries)
-    @kopf.on.update(*resource, registry=registry, retries=ours.max_retries)
-    async def reconcile_change(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"])  # indexes by name
-
-    # Drift: a child deleted or edited by hand, readiness that changed, a launcher that reported.
-    @kopf.timer(*resource, registry=registry, interval=ours.resync_interval_s, initial_delay=ours.resync_interval_s)
-    async def resync(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        # Timers do not queue for a busy operator (Reconciler.reconcile, wait=False): they come again.
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"], wait=False)
-
-    # While it is not settled (not Ready, progressing or degraded), look every few seconds: pod
-    # failures change no object the operator watches, so only a check reads them in time.
-    @kopf.timer(
-        *resource,
-        registry=registry,
-        interval=ours.rollout_check_interval_s,
-        initial_delay=ours.rollout_check_interval_s,
-        when=lambda body, **_: unsettled(dict(body)),
-    )
-    async def rollout_check(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        await run(namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"], wait=False)
-
-    # The autoscaler writes status.desiredReplicas; status is not in kopf's diff, so watch events.
-    @kopf.on.event(*resource, registry=registry, when=lambda body, **_: reconciler.replicas_stale(dict(body)))
-    async def rescale(*, namespace: str | None, name: str, logger: Any, **kwargs: Any) -> None:
-        # A new replica count (a wake from zero among them) goes ahead of queued changes (slots.py).
-        await run(
-            namespace, name, logger, kwargs["served_names"], kwargs["body"], kwargs["bodies"], priority=Priority.STATUS
-        )
-
-    @kopf.on.delete(*resource, registry=registry, retries=ours.max_retries)
-    async def cleanup(*, body: kopf.Body, namespace: str | None, name: str, logger: Any, **_: Any) -> None:
-        assert namespace is not None
-        try:
-            deleted = await reconciler.delete_children(namespace, name)
-        except KubeError as e:
-            raise kopf.TemporaryError(f"deleting children failed: {e}", delay=ours.retry_delay_s) from e
-        logger.info("deleted %s", ", ".join(deleted) or "nothing (children were gone)")
-        kopf.event(body, type="Normal", reason="Deleted", message=f"deleted {len(deleted)} children")
+            logger.warning("reconcile failed (%s), looked at again in %.0f s: %s", what, ours.retry_delay_s, e)
 
     return registry

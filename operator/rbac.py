@@ -36,7 +36,7 @@ RULES: tuple[Rule, ...] = (
         GROUP,
         (PLURAL,),
         ("get", "list", "watch", "patch"),
-        "watch InferenceDeployments; patch only metadata (kopf's finalizer and bookkeeping annotations)",
+        "watch InferenceDeployments; patch only to remove the finalizer an older operator version added (kopf)",
     ),
     Rule(GROUP, (f"{PLURAL}/status",), ("get", "patch"), "conditions, readyReplicas, endpoint, observedGeneration"),
     Rule(
@@ -48,26 +48,26 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "apps",
         ("deployments",),
-        ("get", "list", "watch", "create", "patch", "delete"),
+        ("get", "list", "watch", "create", "patch"),
         "engine Deployment: watched for drift (labelled children only), server-side apply (create on first "
-        "apply), delete on cleanup",
+        "apply); never deleted by the operator (garbage collection follows its ownerReference)",
     ),
     Rule(
         "",
         ("services", "configmaps"),
-        ("get", "list", "watch", "create", "patch", "delete"),
+        ("get", "list", "watch", "create", "patch"),
         "engine Service and the launcher's spec ConfigMap, as above",
     ),
     Rule(
         "policy",
         ("poddisruptionbudgets",),
-        ("get", "list", "watch", "create", "patch", "delete"),
+        ("get", "list", "watch", "create", "patch"),
         "engine PodDisruptionBudget",
     ),
     Rule(
         "monitoring.coreos.com",
         ("servicemonitors",),
-        ("get", "list", "watch", "create", "patch", "delete"),
+        ("get", "list", "watch", "create", "patch"),
         "ServiceMonitor, only where the Prometheus Operator CRD exists (found through discovery)",
     ),
     Rule(

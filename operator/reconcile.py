@@ -1,7 +1,8 @@
 """One reconcile of one InferenceDeployment: read, decide (pure), write only what differs.
 
-Level-based and idempotent: the create/update/resume handlers, the resync timer and the watch of
-status.desiredReplicas all call the same ``reconcile``; a converged deployment costs reads only.
+Level-based and idempotent: the watch's event handler (a new spec, a new replica count), the
+periodic looks and the rollout nudges all call the same ``reconcile``; a converged deployment costs
+reads only.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from .pod_health import diagnose_pods
 from .policy import violations
 from .pull_progress import PullProgressProbe
 from .render import (
-    CHILD_KINDS,
     CONFIGMAP,
     DEPLOYMENT,
     SERVICE_MONITOR,
@@ -103,6 +103,7 @@ class Reconciler:
         coldstart: ColdStartProbe | None = None,
         pull_progress: PullProgressProbe | None = None,
         cache: ChildCache | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
         # Children and pods are read from the watches' cache when there is one (child_cache.py).
@@ -129,6 +130,10 @@ class Reconciler:
         # The resourceVersion of our last status write, kept: a body at least as new holds it, so
         # a status planned from it posts no transition twice and needs no fresh read.
         self._own_version: dict[tuple[str, str], int] = {}
+        # When each deployment's last reconcile finished: the periodic looks (periodic.py) count any
+        # reconcile as a look, so the rollout check does not repeat a nudge's work.
+        self._reconciled_at: dict[tuple[str, str], float] = {}
+        self._monotonic = monotonic
 
     def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -138,6 +143,7 @@ class Reconciler:
         self._applied_replicas.pop((namespace, name), None)
         self._own_status.pop((namespace, name), None)
         self._own_version.pop((namespace, name), None)
+        self._reconciled_at.pop((namespace, name), None)
 
     def _newest(self, key: tuple[str, str], watched: dict[str, Any]) -> dict[str, Any]:
         """The watched body, or our own last status write when the watch has not delivered it yet."""
@@ -155,17 +161,23 @@ class Reconciler:
         return spec is None or bool(problems) or bool(violations(spec, self._settings.policy))
 
     def replicas_stale(self, body: dict[str, Any]) -> bool:
-        """Pure check for the watch handler: would a reconcile now change the replica count?"""
+        """Pure check for the watch handler: would a reconcile now change the replica count? Against
+        the count last applied, or, for a deployment not reconciled since the operator started,
+        the replicas its status last reported (a wake written while the operator was down)."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
-        if key not in self._applied_replicas or meta.get("deletionTimestamp"):
+        if meta.get("deletionTimestamp"):
             return False
+        status = body.get("status") or {}
+        applied = self._applied_replicas.get(key, status.get("replicas"))
+        if applied is None:
+            return False  # never reconciled: its spec is unobserved, and that handles it
         spec, problems = validate_spec(body.get("spec"))
         if spec is None or problems or violations(spec, self._settings.policy):
             return False
-        desired = (body.get("status") or {}).get("desiredReplicas")
+        desired = status.get("desiredReplicas")
         decision = decide_replicas(spec, desired if spec.autoscaling_enabled else None)
-        return decision.replicas != self._applied_replicas[key]
+        return decision.replicas != applied
 
     async def _serves_service_monitors(self) -> bool:
         now = time.monotonic()
@@ -186,12 +198,9 @@ class Reconciler:
     ) -> Outcome:
         """``claimants``: served name -> the deployments claiming it (None: no check, one deployment).
 
-        ``wait=False`` (kopf's timers): when this deployment is being reconciled already, or every
-        one of the ``max_concurrent_reconciles`` slots is taken, return at once (``skipped``) rather
-        than queue. A timer comes again anyway, and one that waits is still running when the status
-        it waits to write turns its ``when`` filter false: kopf then patches the object every
-        ``cancellation_polling`` second until the timer exits (at 1,000 deployments, ~45 patches a
-        second that slowed every other request).
+        ``wait=False`` (the periodic looks, periodic.py): when this deployment is being reconciled
+        already, or every one of the ``max_concurrent_reconciles`` slots is taken, return at once
+        (``skipped``) rather than queue: the deployment stays due and is looked at on a later tick.
 
         ``body``: the object as the handler's watch saw it. A reconcile planned from it that finds
         nothing to write sends no request at all; one that would apply a child reads the object
@@ -211,12 +220,29 @@ class Reconciler:
         if priority is not Priority.STATUS and body is not None and self._running.locked() and self.rejected(body):
             priority = Priority.STATUS
         async with lock, self._running.hold(priority):
-            if body is not None:
-                try:
-                    return await self._reconcile(namespace, name, claimants, self._newest((namespace, name), body))
-                except _ReadAgain:
-                    pass
-            return await self._reconcile(namespace, name, claimants, None)
+            outcome = await self._reconcile_once(namespace, name, claimants, body)
+            if outcome.gone:
+                self.forget(namespace, name)
+            else:
+                self._reconciled_at[(namespace, name)] = self._monotonic()
+            return outcome
+
+    async def _reconcile_once(
+        self, namespace: str, name: str, claimants: Claimants | None, body: dict[str, Any] | None
+    ) -> Outcome:
+        if body is not None:
+            try:
+                return await self._reconcile(namespace, name, claimants, self._newest((namespace, name), body))
+            except _ReadAgain:
+                pass
+        return await self._reconcile(namespace, name, claimants, None)
+
+    def last_reconciled(self, key: tuple[str, str]) -> float | None:
+        """When (``monotonic``) a reconcile of this deployment last finished, by any trigger."""
+        return self._reconciled_at.get(key)
+
+    def free_slots(self) -> int:
+        return self._running.size - self._running.taken
 
     async def _not_applied(
         self,
@@ -432,26 +458,3 @@ class Reconciler:
             message = f"{cond.type} is {cond.status}: {cond.message}"
             self._post_event(_object_ref(body), type=transition.event_type, reason=cond.reason, message=message)
             outcome.events.append(f"{transition.event_type} {cond.reason}")
-
-    async def delete_children(self, namespace: str, name: str) -> list[str]:
-        """Delete every child (the Deployment first, so pods start draining at once)."""
-        deleted: list[str] = []
-        order = [DEPLOYMENT, *[k for k in reversed(CHILD_KINDS) if k is not DEPLOYMENT]]
-        for kind in order:
-            if kind is SERVICE_MONITOR and not await self._serves_service_monitors():
-                continue
-            for child_name in _child_names(kind, name):
-                if await self._client.delete_object(ref_of(kind), namespace, child_name):
-                    deleted.append(f"{kind.kind}/{child_name}")
-                if self._cache is not None:
-                    self._cache.forget(ref_of(kind), namespace, child_name)
-        self.forget(namespace, name)
-        return deleted
-
-
-def _child_names(kind: ChildKind, name: str) -> tuple[str, ...]:
-    if kind.kind == "ConfigMap":
-        return names.spec_configmap_name(name), names.pin_configmap_name(name)
-    if kind.kind == "PodDisruptionBudget":
-        return (names.pdb_name(name),)
-    return (names.engine_name(name),)

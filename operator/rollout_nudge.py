@@ -33,7 +33,7 @@ from .conditions import DeploymentObservation
 log = logging.getLogger(__name__)
 
 OwnerKey = tuple[str, str]  # (namespace, InferenceDeployment name)
-ReconcileOwner = Callable[[str, str], Awaitable[None]]
+ReconcileOwner = Callable[[str, str], Awaitable[object]]
 
 
 @dataclass(frozen=True)

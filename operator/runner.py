@@ -19,6 +19,7 @@ from kvfleet.kube.kopf_login import login_handler
 from .child_cache import ChildCache
 from .coldstart import ColdStartProbe
 from .handlers import OutsideKopf, build_registry, configure_kopf
+from .periodic import LookSettings, PeriodicLooks
 from .pull_progress import PullProgressProbe
 from .reconcile import Reconciler
 from .render import CHILD_KINDS, DEPLOYMENT, SERVICE_MONITOR
@@ -105,19 +106,27 @@ async def run_operator(
     reconciler = Reconciler(
         client, settings, post_event=post_kopf_event, coldstart=coldstart, pull_progress=pull_progress, cache=cache
     )
-    outside = OutsideKopf(reconciler) if nudges is not None else None
+    outside = OutsideKopf(reconciler)
     registry = build_registry(reconciler, settings, outside)
+    looks = PeriodicLooks(
+        LookSettings(
+            resync_interval_s=settings.resync_interval_s,
+            rollout_check_interval_s=settings.rollout_check_interval_s,
+            retry_delay_s=settings.retry_delay_s,
+        ),
+        bodies=outside.bodies,
+        reconcile=lambda namespace, name: outside.reconcile(namespace, name, wait=False),
+        last_reconciled=reconciler.last_reconciled,
+        free_slots=reconciler.free_slots,
+    )
 
     kopf.on.login(registry=registry)(login_handler(load))
     kopf_settings = kopf.OperatorSettings()
     configure_kopf(kopf_settings, settings)
     if cache is not None:
         cache.start()  # reads fall back to the API server until each watch has listed
-    nudging = (
-        asyncio.create_task(nudges.run(outside.reconcile), name="rollout nudges")
-        if nudges is not None and outside is not None
-        else None
-    )
+    nudging = asyncio.create_task(nudges.run(outside.reconcile), name="rollout nudges") if nudges is not None else None
+    looking = asyncio.create_task(looks.run(), name="periodic looks")
     try:
         await kopf.operator(
             registry=registry,
@@ -134,9 +143,10 @@ async def run_operator(
             ready_flag=ready_flag,
         )
     finally:
-        if nudging is not None:
-            nudging.cancel()
-            await asyncio.gather(nudging, return_exceptions=True)
+        background = [task for task in (nudging, looking) if task is not None]
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         if cache is not None:
             await cache.stop()
         await client.close()

@@ -8,8 +8,9 @@ import asyncio
 import time
 from typing import Any
 
+from .audit import audit_entries, by_request
 from .cluster import ScaleRun, create_all, list_all, router_port, router_replicas, wait_each
-from .objects import BAD_REASONS, EVENTS, INFD, REPLICAS, condition, infd, infd_ready, namespace_of, summary
+from .objects import BAD_REASONS, EVENTS, INFD, REPLICAS, condition, infd, infd_ready, namespace_of, now_iso, summary
 
 
 async def apply_all(s: ScaleRun) -> dict[str, Any]:
@@ -23,7 +24,7 @@ async def apply_all(s: ScaleRun) -> dict[str, Any]:
             docs.append(infd(f"bad{i // 10:04d}", namespace_of(i // 10, n), invalid=True))
     docs += [infd(f"bad{j:04d}", namespace_of(j, n), invalid=True) for j in range((n // 10), bad)]
     print(f"[{n}] apply {n} InferenceDeployments (+{bad} invalid)", flush=True)
-    t0 = time.monotonic()
+    since, t0 = now_iso(), time.monotonic()
     created = await create_all(s.admin, INFD, docs)
     s.valid = {k for k in created if k[1].startswith("m")}
     invalid = set(created) - s.valid
@@ -37,6 +38,8 @@ async def apply_all(s: ScaleRun) -> dict[str, Any]:
             s.phase_timeout_s,
         ),
     )
+    # What the operator asked of the API server while they came up (the audit log), per deployment.
+    operator = by_request(audit_entries(s.cluster.audit, since, now_iso()), "operator")
     events = await list_all(s.admin, EVENTS)
     evented = {
         (e["involvedObject"].get("namespace"), e["involvedObject"].get("name"))
@@ -48,6 +51,8 @@ async def apply_all(s: ScaleRun) -> dict[str, Any]:
             **summary([ready[k] - created[k] for k in ready]),
             "total_s": round(max(ready.values(), default=t0) - t0, 1),
             "not_ready": len(s.valid) - len(ready),
+            "operator_requests": operator,
+            "operator_requests_per_deployment": round(sum(operator.values()) / max(1, len(created)), 1),
         },
         "invalid": {
             "applied": len(invalid),

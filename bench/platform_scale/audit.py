@@ -59,6 +59,17 @@ def by_component_and_verb(
     return {c: {v: round(n / minutes, 1) for v, n in sorted(vs.items())} for c, vs in counts.items()}
 
 
+def by_request(entries: list[dict[str, Any]], component: str) -> dict[str, int]:
+    """One component's requests by verb and resource (``patch inferencedeployments/status``), most first."""
+    counts: collections.Counter[str] = collections.Counter()
+    for e in entries:
+        if component_of(e, {}) == component:
+            ref = e.get("objectRef") or {}
+            resource = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            counts[f"{e.get('verb', '?')} {resource}"] += 1
+    return dict(counts.most_common())
+
+
 def by_code(entries: list[dict[str, Any]], minutes: float = 1.0) -> dict[str, float]:
     """kvfleet's requests by the API server's answer (per minute when ``minutes`` is given)."""
     counts = collections.Counter(str(code_of(e)) for e in entries if component_of(e, {}))

@@ -63,6 +63,13 @@ def render(results: dict[str, Any]) -> str:
             f"{a.get('p50_s')} / {a.get('p99_s')} / {a.get('total_s')} | {gap} | "
             f"{floor_change or f.get('change_all_s')} / {c.get('total_s')}{ratio_text} | {shares(c)} | {load} |"
         )
+    asked = [r for r in runs if (r.get("apply") or {}).get("operator_requests")]
+    if asked:
+        lines += ["", "The operator's requests while they were applied (audit log; invalid ones counted too):", ""]
+        for r in asked:
+            a = r["apply"]
+            top = ", ".join(f"{k} {v}" for k, v in list(a["operator_requests"].items())[:8])
+            lines.append(f"- {r['deployments']}: {a['operator_requests_per_deployment']} a deployment ({top})")
     lines += [
         "",
         "## Steady state: API requests per minute (audit log), CPU and memory",

@@ -24,7 +24,7 @@ from kvfleet.devcluster.controlplane import ControlPlane
 from kvfleet.devcluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from kvfleet.kube.client import KubeClient
 from kvfleet.operator.rbac import render_peering
-from kvfleet.operator.settings import FIELD_MANAGER
+from kvfleet.operator.settings import FIELD_MANAGER, FINALIZER
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -242,8 +242,9 @@ def test_server_side_apply_users_operator_and_gitops_never_fight(
     assert current is not None
     assert current["spec"]["autoscaling"]["maxReplicas"] == doc["spec"]["autoscaling"]["maxReplicas"]
 
-    # Who owns what: alice the spec, the operator status only (kopf's annotations and finalizer
-    # through plain patches), never spec.
+    # Who owns what: alice the spec, the operator status only: no finalizer, no annotation of kopf's.
+    assert not current["metadata"].get("finalizers")
+    assert not [a for a in current["metadata"].get("annotations") or {} if a.startswith("kvfleet.io/")]
     managed = current["metadata"]["managedFields"]
     spec_owners = {m["manager"] for m in managed if "f:spec" in m.get("fieldsV1", {})}
     assert spec_owners == {"alice"}, spec_owners
@@ -273,6 +274,28 @@ def test_kubectl_scale_through_the_scale_subresource(
     )
     deployment = kubectl.json("get", "deployment", "fixed-engine", "-n", namespace)
     assert deployment["spec"]["replicas"] == 3
+
+
+def test_an_older_operators_finalizer_is_removed_and_a_delete_goes_at_once(
+    kubectl: Kubectl, start_operator: StartOperator, namespace: str
+) -> None:
+    """The operator adds no finalizer; one an older version added is removed on sight (kopf drops a
+    finalizer that no handler needs; on the real API server its optimistic JSON patch meets the
+    operator's own status writes, 422, and is tried again on the next event), so the delete is not
+    held, and the garbage collector takes the children."""
+    start_operator()
+    doc = tiny_spec(namespace, name="legacy")
+    doc["metadata"]["finalizers"] = [FINALIZER]
+    kubectl.apply(doc, "--server-side", "--field-manager=alice")
+    wait_for(lambda: cond_status(infd(kubectl, namespace, "legacy"), "Ready") is not None, 30, "status")
+    wait_for(
+        lambda: not ((infd(kubectl, namespace, "legacy") or {}).get("metadata") or {}).get("finalizers"),
+        30,
+        "the old finalizer removed",
+    )
+    assert any(children(kubectl, namespace, "legacy").values())
+    kubectl("delete", "infd", "legacy", "-n", namespace, "--wait=true", "--timeout=20s")
+    wait_for(lambda: not any(children(kubectl, namespace, "legacy").values()), 60, "children collected")
 
 
 def test_autoscaler_decision_drives_replicas_to_zero_and_back(

@@ -10,6 +10,7 @@ import pytest
 from kvfleet.operator.coldstart import parse_coldstart, ready_pods
 from kvfleet.operator.conditions import DeploymentObservation, Observed, plan_status
 from kvfleet.operator.drift import first_difference, parse_quantity
+from kvfleet.operator.pod_health import PodDiagnosis
 from kvfleet.operator.pull_progress import PullsSeen
 from kvfleet.operator.replicas import decide_replicas
 from kvfleet.operator.settings import OperatorSettings
@@ -225,21 +226,39 @@ def test_status_fields() -> None:
 
 def test_transitions_become_events_once() -> None:
     starting = plan_status(observed(dep(replicas=2, updated_replicas=2)), None, T0)
-    # First sight: Ready=False and Progressing=True are news; "not degraded" and "not zero" are not.
-    assert [(t.condition.type, t.condition.reason) for t in starting.transitions] == [
-        ("Ready", "NoReplicaReady"),
-        ("Progressing", "ScalingUp"),
-    ]
+    # First sight: Ready=False and Progressing=True are news, told by one Normal Event (Ready's);
+    # "not degraded" and "not zero" are not news.
+    assert [(t.condition.type, t.condition.reason) for t in starting.transitions] == [("Ready", "NoReplicaReady")]
     ready = plan_status(observed(dep(replicas=2, updated_replicas=2, ready_replicas=2)), starting.status, T1)
-    assert [(t.condition.reason, t.event_type) for t in ready.transitions] == [
-        ("ReplicasReady", "Normal"),
-        ("Complete", "Normal"),
-    ]
+    # Ready and Progressing=Complete come together: one Event says it.
+    assert [(t.condition.reason, t.event_type) for t in ready.transitions] == [("ReplicasReady", "Normal")]
     again = plan_status(observed(dep(replicas=2, updated_replicas=2, ready_replicas=2)), ready.status, T1)
     assert again.transitions == () and again.status == ready.status
     # lastTransitionTime moves only for conditions whose status flipped.
     times = {c["type"]: c["lastTransitionTime"] for c in ready.status["conditions"]}
     assert times["Ready"] == "2025-01-01T12:05:00Z" and times["Degraded"] == "2025-01-01T12:00:00Z"
+
+
+def test_a_bring_up_step_within_one_status_posts_no_event() -> None:
+    """Creating to NoReplicaReady (Ready stays False), RollingOut to ScalingUp (Progressing stays
+    True): status carries the step; an Event per step was a write per deployment at scale."""
+    creating = plan_status(observed(None), None, T0)
+    assert [t.condition.reason for t in creating.transitions] == ["Creating"]
+    starting = plan_status(observed(dep(replicas=2, updated_replicas=2)), creating.status, T1)
+    assert starting.transitions == ()
+    conditions = {c["type"]: c for c in starting.status["conditions"]}
+    assert conditions["Ready"]["reason"] == "NoReplicaReady" and conditions["Progressing"]["reason"] == "ScalingUp"
+
+
+def test_a_new_degraded_reason_is_a_warning_each_time() -> None:
+    """A Warning is never folded into another transition's Event, and Degraded speaks on a new reason."""
+    pulling = plan_status(observed(dep(replicas=1), pods=PodDiagnosis("ImagePullBackOff", "image x")), None, T0)
+    assert ("Degraded", "ImagePullBackOff", "Warning") in [
+        (t.condition.type, t.condition.reason, t.event_type) for t in pulling.transitions
+    ]
+    crash = PodDiagnosis("CrashLoopBackOff", "exit 1")
+    crashing = plan_status(observed(dep(replicas=1), pods=crash), pulling.status, T1)
+    assert [(t.condition.reason, t.event_type) for t in crashing.transitions] == [("CrashLoopBackOff", "Warning")]
 
 
 def test_invalid_spec_is_one_warning_event() -> None:

@@ -26,7 +26,7 @@ def test_rbac_has_no_wildcards_and_no_secrets() -> None:
     granted = {(r.api_group, res): set(r.verbs) for r in RULES for res in r.resources}
     # Server-side apply creates a missing object, so it needs create besides patch; children are
     # read from watches (operator/child_cache.py), so list and watch.
-    assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch", "delete"}
+    assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}  # no delete: GC does
     # The operator never updates (PUT) anything but the finalizers subresource for ownerReferences.
     assert all("update" not in verbs for key, verbs in granted.items() if key[1] != "inferencedeployments/finalizers")
     assert granted[("", "pods")] == {"list", "watch"}

@@ -9,7 +9,7 @@ operator, standalone, so kopf never reads a peering object). Every resource is n
 same list serves a ClusterRole (cluster mode) and a Role per watched namespace. */}}
 {{- define "kvfleet.rules.operator" -}}
 - apiGroups: [kvfleet.io]
-  # Watch InferenceDeployments; patch only metadata (kopf's finalizer and bookkeeping annotations).
+  # Watch InferenceDeployments; patch only to remove the finalizer an older operator version added.
   resources: [inferencedeployments]
   verbs: [get, list, watch, patch]
 - apiGroups: [kvfleet.io]
@@ -21,20 +21,20 @@ same list serves a ClusterRole (cluster mode) and a Role per watched namespace. 
   resources: [inferencedeployments/finalizers]
   verbs: [update]
 - apiGroups: [apps]
-  # Engine Deployment: watched for drift (labelled children only), server-side apply, delete on cleanup.
+  # Engine Deployment: watched for drift (labelled children only), server-side apply; never deleted.
   resources: [deployments]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   # Engine Service and the launcher's spec ConfigMap, as above.
   resources: [services, configmaps]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [monitoring.coreos.com]
   # The engine ServiceMonitor, only where the Prometheus Operator CRD exists (found by discovery).
   resources: [servicemonitors]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   # Engine pods (watched, labelled ones only): why unready ones fail, pull progress, measured cold start.
   resources: [pods]
