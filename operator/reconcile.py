@@ -34,6 +34,7 @@ from .pod_health import diagnose_pods
 from .policy import violations
 from .pull_progress import PullProgressProbe
 from .render import (
+    CHILD_KINDS,
     CONFIGMAP,
     DEPLOYMENT,
     SERVICE_MONITOR,
@@ -139,6 +140,12 @@ class Reconciler:
         return self._locks.setdefault(key, asyncio.Lock())
 
     def forget(self, namespace: str, name: str) -> None:
+        """A deployment that is gone: what was kept for it, its children's own writes among them (the
+        garbage collector deletes the children; a write kept for one would outlive it)."""
+        if self._cache is not None:
+            for kind in CHILD_KINDS:
+                for child_name in _child_names(kind, name):
+                    self._cache.forget(ref_of(kind), namespace, child_name)
         self._locks.pop((namespace, name), None)
         self._applied_replicas.pop((namespace, name), None)
         self._own_status.pop((namespace, name), None)
@@ -342,7 +349,7 @@ class Reconciler:
                 applied = await self._client.apply(ref_of(kind), child, field_manager=FIELD_MANAGER)
             except KubeRejected as e:
                 # The API server refused the object; resending it unchanged would fail again, so
-                # report it and let the resync timer try at its calm pace.
+                # report it and let the periodic resync try at its calm pace.
                 outcome.apply_error = f"{kind.kind} {child_name}: {e.detail}"
                 log.warning("apply of %s/%s refused: %s", kind.kind, child_name, e)
                 break
@@ -458,3 +465,11 @@ class Reconciler:
             message = f"{cond.type} is {cond.status}: {cond.message}"
             self._post_event(_object_ref(body), type=transition.event_type, reason=cond.reason, message=message)
             outcome.events.append(f"{transition.event_type} {cond.reason}")
+
+
+def _child_names(kind: ChildKind, name: str) -> tuple[str, ...]:
+    if kind.kind == "ConfigMap":
+        return names.spec_configmap_name(name), names.pin_configmap_name(name)
+    if kind.kind == "PodDisruptionBudget":
+        return (names.pdb_name(name),)
+    return (names.engine_name(name),)

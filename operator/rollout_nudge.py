@@ -2,7 +2,7 @@
 
 Why: status (Ready, Progressing, readyReplicas) follows the engine Deployment's status, which the
 operator's watch (``child_cache.py``) sees change the moment the Deployment controller writes it.
-Before, only the rollout check (a kopf timer, every 5 s per unsettled deployment) read it, so Ready
+Before, only the rollout check (a timer, every 5 s per unsettled deployment) read it, so Ready
 came up to 5 s after the pods, and a change to 1,000 deployments at once waited on 1,000 timers.
 
 ``RolloutNudges.seen`` is the watch's callback for Deployments: when the parts of a Deployment that
@@ -10,11 +10,11 @@ status is computed from change (``DeploymentObservation``), or the Deployment is
 owner is queued. Workers take owners from the queue after a short coalescing delay, so the many
 status writes of one rollout become about one reconcile per ``coalesce_s``, and run the same
 reconcile the kopf handlers run (its per-deployment lock keeps the two from interleaving). A
-Deployment seen for the first time queues nothing: at start-up kopf's resume handlers reconcile
+Deployment seen for the first time queues nothing: at start-up the periodic looks reconcile
 every deployment anyway, and a new Deployment's creator has just computed its status.
 
 Everything is bounded: the queue holds at most ``max_pending`` owners (a nudge beyond it is
-dropped and counted; the kopf timers still come), and ``workers`` reconciles run at once.
+dropped and counted; the periodic looks still come), and ``workers`` reconciles run at once.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class RolloutNudges:
                     self.stats.reconciled += 1
                 except asyncio.CancelledError:
                     raise
-                except Exception as e:  # the kopf timers are the fallback; a nudge never stops the workers
+                except Exception as e:  # the periodic looks are the fallback; a nudge never stops the workers
                     self.stats.failed += 1
                     log.info("reconcile of %s/%s on its Deployment's change failed: %s", *owner, e)
             finally:

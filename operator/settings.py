@@ -14,7 +14,7 @@ from kvfleet.weight_cache.signing import MAX_KEY_FILE_BYTES, ArtifactTrust
 from .policy import UNRESTRICTED, SpecPolicy
 
 FIELD_MANAGER = "kvfleet-operator"
-# Prefix of kopf's own bookkeeping (finalizer, progress and diff-base annotations).
+# Prefix of kopf's bookkeeping names (the finalizer older operator versions added, now removed on sight).
 KOPF_PREFIX = contracts.API_GROUP
 FINALIZER = f"{KOPF_PREFIX}/operator"
 
@@ -94,7 +94,11 @@ class OperatorSettings(BaseModel):
     )
     # --- reconcile loop
     resync_interval_s: float = Field(
-        default=30.0, ge=0.2, le=3600, description="Timer that restores drifted children and refreshes status."
+        default=30.0,
+        ge=0.2,
+        le=3600,
+        description="How often each deployment is looked at again (operator/periodic.py): restores drifted "
+        "children and refreshes status.",
     )
     rollout_check_interval_s: float = Field(
         default=5.0,
@@ -127,16 +131,18 @@ class OperatorSettings(BaseModel):
         default=16,
         ge=1,
         le=1024,
-        description="Reconciles that run at once, every trigger together (kopf's handlers and timers, the "
-        "rollout nudges); the others wait their turn, first come first served. Unbounded, a start-up or a "
+        description="Reconciles that run at once, every trigger together (the watch's event handler, the "
+        "periodic looks, the rollout nudges); the others wait their turn, status work first. Unbounded, a "
+        "start-up or a "
         "change to 1,000 deployments begins 1,000 reconciles that advance breadth-first (no deployment "
         "finished until all are nearly done) and queue thousands of requests in the API server, where they "
         "time out and kopf retries them. 16 keeps a 2-core API server busy (each reconcile has one request "
         "in flight at a time) and finishes deployments one after another.",
     )
     api_timeout_s: float = Field(default=30.0, gt=0, le=600, description="Timeout of one API request.")
-    retry_delay_s: float = Field(default=10.0, gt=0, le=600, description="Delay before kopf retries a failed apply.")
-    max_retries: int = Field(default=20, ge=0, le=1000, description="kopf retries of one change before giving up.")
+    retry_delay_s: float = Field(
+        default=10.0, ge=0.2, le=600, description="Delay before a failed reconcile is tried again."
+    )
     coldstart_timeout_s: float = Field(default=2.0, gt=0, le=60, description="Timeout of one launcher /coldstart GET.")
     coldstart_pods_per_tick: int = Field(
         default=8, ge=0, le=1000, description="Launcher endpoints queried per deployment per resync (0 disables)."
