@@ -285,6 +285,7 @@ def test_an_older_operators_finalizer_is_removed_and_a_delete_goes_at_once(
     held, and the garbage collector takes the children."""
     start_operator()
     doc = tiny_spec(namespace, name="legacy")
+    doc["spec"]["model"]["servedName"] = "legacy"  # the other tests' "tiny" may still be held while they go
     doc["metadata"]["finalizers"] = [FINALIZER]
     kubectl.apply(doc, "--server-side", "--field-manager=alice")
     wait_for(lambda: cond_status(infd(kubectl, namespace, "legacy"), "Ready") is not None, 30, "status")
@@ -293,7 +294,7 @@ def test_an_older_operators_finalizer_is_removed_and_a_delete_goes_at_once(
         30,
         "the old finalizer removed",
     )
-    assert any(children(kubectl, namespace, "legacy").values())
+    wait_for(lambda: all(children(kubectl, namespace, "legacy").values()), 60, "the children")
     kubectl("delete", "infd", "legacy", "-n", namespace, "--wait=true", "--timeout=20s")
     wait_for(lambda: not any(children(kubectl, namespace, "legacy").values()), 60, "children collected")
 
