@@ -237,7 +237,7 @@ def _one_voice(transitions: list[Transition]) -> list[Transition]:
     by_reason: dict[str, Transition] = {}
     for transition in sorted(transitions, key=lambda t: _EVENT_PRIORITY.index(t.condition.type)):
         by_reason.setdefault(transition.condition.reason, transition)
-    ordered = sorted(by_reason.values(), key=lambda t: _EVENT_PRIORITY.index(t.condition.type))
+    ordered = list(by_reason.values())  # most telling first, as they were put in
     normal = next((t for t in ordered if t.event_type == "Normal"), None)
     kept = [t for t in ordered if t.event_type == "Warning" or t is normal]
     return sorted(kept, key=lambda t: CONDITION_TYPES.index(t.condition.type))

@@ -23,7 +23,7 @@ from kvfleet.kube.watch import without_managed_fields
 from kvfleet.spec import GROUP, PLURAL, VERSION
 
 from . import claims
-from .claims import Claim
+from .claims import Claim, Claimants
 from .reconcile import Outcome, Reconciler
 from .settings import FINALIZER, KOPF_PREFIX, OperatorSettings
 from .slots import Priority
@@ -71,6 +71,15 @@ def _check(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[Any]
         logger.info("applied %s", ", ".join(outcome.applied))
 
 
+def claimants_in(index: kopf.Index[str, Claim]) -> Claimants:
+    """The deployments claiming a served name, read from kopf's claims index."""
+
+    def claimants(served: str) -> list[Claim]:
+        return list(index.get(served, ()))
+
+    return claimants
+
+
 class OutsideKopf:
     """Reconciles an InferenceDeployment from outside kopf's handlers (periodic looks, nudges).
 
@@ -111,14 +120,11 @@ class OutsideKopf:
         body = next(iter(store), None) if store is not None else None
         if body is None:
             return None  # deleted meanwhile
-        index = self._claims
-
-        def claimants(served: str) -> list[Claim]:
-            return list(index.get(served, ()))
-
         task = asyncio.create_task(
             # Status brought up to date with a rollout, or a look: ahead of queued changes (slots.py).
-            self.reconciler.reconcile(namespace, name, claimants, dict(body), wait=wait, priority=Priority.STATUS),
+            self.reconciler.reconcile(
+                namespace, name, claimants_in(self._claims), dict(body), wait=wait, priority=Priority.STATUS
+            ),
             context=self._context.copy(),
         )
         outcome = await task
@@ -180,13 +186,9 @@ def build_registry(reconciler: Reconciler, ours: OperatorSettings, outside: Outs
             priority = Priority.STATUS
         else:
             return
-        index = kwargs["served_names"]
-
-        def claimants(served: str) -> list[Claim]:
-            return list(index.get(served, ()))
-
         try:
             # The watched body: a reconcile with nothing to change then sends no request at all.
+            claimants = claimants_in(kwargs["served_names"])
             outcome = await reconciler.reconcile(namespace, name, claimants, body, priority=priority)
             _check(outcome, logger)
         except KubeError as e:

@@ -107,7 +107,6 @@ class PeriodicLooks:
         self._first_seen: dict[Key, float] = {}
         self._retry_at: dict[Key, float] = {}
         self._running: dict[Key, asyncio.Task[None]] = {}
-        self.started = 0  # looks started, for tests and logs
 
     def due(self, now: float) -> list[Key]:
         """The deployments due now, most overdue first; forgets deployments no longer listed."""
@@ -135,7 +134,6 @@ class PeriodicLooks:
         for key in self.due(self._clock())[:room]:
             self._running[key] = asyncio.create_task(self._look(key), name=f"look {key[0]}/{key[1]}")
             started += 1
-        self.started += started
         return started
 
     async def _look(self, key: Key) -> None:

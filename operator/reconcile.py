@@ -192,7 +192,7 @@ class Reconciler:
         reconcile, the others waiting for its answer (each of the 16 running asked for itself when
         the answer expired: 16 GETs every 5 minutes, most of a converged fleet's requests)."""
         async with self._discovery:
-            now = time.monotonic()
+            now = self._monotonic()
             if self._service_monitors is None or now - self._service_monitors[0] > DISCOVERY_TTL_S:
                 served = await self._client.serves(SERVICE_MONITOR.api_version, SERVICE_MONITOR.plural)
                 self._service_monitors = (now, served)

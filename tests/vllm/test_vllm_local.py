@@ -566,12 +566,13 @@ async def test_kill_9_mid_stream_is_continued_on_the_other_replica(fleet: Fleet)
         pytest.fail("in three rounds no kill landed while vLLM still generated: no migration to check")
 
 
-async def _until_two_replicas(fleet: Fleet) -> None:
-    """Both replicas serving (a killed one is restarted by the fleet: a vLLM start, up to a minute)."""
+async def _until_two_replicas(fleet: Fleet) -> list[Any]:
+    """Both replicas serving (a killed one is restarted by the fleet: a vLLM start, up to a minute);
+    returns them. A killed one may still count as ready until it is reaped: alive ones only."""
     for _ in range(int(START_TIMEOUT_S)):
         alive = [r for r in fleet.replicas() if r.child is not None and r.child.process.returncode is None]
         if len(alive) == 2:
-            return
+            return alive
         await asyncio.sleep(1.0)
     raise AssertionError(f"the fleet is not back to two replicas: {list(fleet.runtime.runs[NAME].processes.events)}")
 
@@ -598,12 +599,9 @@ async def _in_flight(session: aiohttp.ClientSession, url: str) -> float:
 
 async def test_sigterm_lets_running_streams_finish(fleet: Fleet) -> None:
     """The rendered --shutdown-timeout: vLLM finishes what it accepted, then exits."""
-
     # After kill -9 the fleet restarts the killed replica: wait until both serve again, so that a
     # vLLM start (seconds of both cores) does not stall the replica under test.
-    await _until_two_replicas(fleet)
-    alive = [r for r in fleet.replicas() if r.child is not None and r.child.process.returncode is None]
-    replica = alive[0]
+    replica = (await _until_two_replicas(fleet))[0]
     assert replica.child is not None
     max_tokens = 1500  # 4-6 s of generation here
     body = {"model": SERVED, "prompt": "drain " + DOCUMENT, "max_tokens": max_tokens, "ignore_eos": True}
