@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support.node_fixtures import NAMESPACE as CHART_NAMESPACE
 from support.node_fixtures import SECRET, S3Model, bucket_bytes_sent
 from support.node_prometheus import NodePrometheus
 from support.real_cluster import wait_for
@@ -97,6 +98,34 @@ def ask(
         return e.code, {"error": e.read().decode(errors="replace")[-2000:]}, ""
 
 
+def every_router_lists(cluster: RealNodeCluster, model: str) -> None:
+    """Wait until each router pod lists ``model``: a router learns a new InferenceDeployment from its
+    own watch, so a request sent the moment ``kubectl apply`` returns may reach one that has not seen
+    it yet and get a 404 (docs/router.md); the Service may pick either router."""
+    probe = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        "    print(urllib.request.urlopen(sys.argv[1], timeout=10).status)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code)\n"
+    )
+    routers = cluster.kubectl.json("get", "pods", "-n", CHART_NAMESPACE, "-l", "app.kubernetes.io/component=router")
+    assert routers["items"], "no router pods"
+    for router in routers["items"]:
+        (container, *_) = router["spec"]["containers"]
+        (port, *_) = [p["containerPort"] for p in container["ports"]]
+        url = f"http://127.0.0.1:{port}/v1/models/{model}"
+        name = router["metadata"]["name"]
+        wait_for(
+            lambda n=name, u=url: (
+                cluster.kubectl("exec", "-n", CHART_NAMESPACE, n, "--", "python", "-c", probe, u).strip() == "200"
+            ),
+            60,
+            f"router {name} to list {model}",
+            interval_s=0.5,
+        )
+
+
 def complete(cluster: RealNodeCluster, model: str, prompt: str = "The node") -> tuple[int, dict[str, Any]]:
     status, body, _ = ask(cluster, model, prompt)
     return status, body
@@ -130,6 +159,7 @@ def test_tiny_pulls_from_s3_and_answers_through_the_router(
     # minReplicas 0: nothing runs until a request comes.
     wait_for(lambda: kubectl.get("deployment", "tiny-engine", NAMESPACE), 60, "the engine Deployment")
     assert not engine_pods(real_node, "tiny")
+    every_router_lists(real_node, "tiny")
 
     t0 = time.monotonic()
     status, answer = complete(real_node, "tiny")
@@ -167,6 +197,7 @@ def test_a_second_engine_pod_reads_the_node_cache(
     node cache, and the S3 server sends fewer bytes than the smallest shard while it starts."""
     sent_before = bucket_bytes_sent(engine_ready.server)
     real_node.kubectl.apply([tiny("tiny-b", engine_image, engine_ready)])
+    every_router_lists(real_node, "tiny-b")
     status, answer = complete(real_node, "tiny-b")
     assert status == 200 and answer["choices"][0]["text"], answer
     (pod,) = engine_pods(real_node, "tiny-b")
@@ -425,13 +456,23 @@ def test_delete_collects_every_child_and_the_cache_stays_bounded(
     kinds = "deployments,services,configmaps,poddisruptionbudgets,pods"
     selector = "kvfleet.io/deployment in (tiny,tiny-b)"
     assert kubectl.json("get", kinds, "-n", NAMESPACE, "-l", selector)["items"]
-    kubectl("delete", "inferencedeployment", "tiny", "-n", NAMESPACE, "--wait=true", timeout_s=180)
+    # tiny-b too: the cache test deletes it without waiting, and not at all when it failed.
+    kubectl(
+        *("delete", "inferencedeployment", "tiny", "tiny-b", "-n", NAMESPACE),
+        *("--ignore-not-found", "--wait=true"),
+        timeout_s=180,
+    )
+    left: list[str] = []
 
-    def children() -> list[str]:
+    def collected() -> bool:
         items = kubectl.json("get", kinds, "-n", NAMESPACE, "-l", selector)["items"]
-        return [f"{i['kind']}/{i['metadata']['name']}" for i in items]
+        left[:] = [f"{i['kind']}/{i['metadata']['name']}" for i in items]
+        return not left
 
-    wait_for(lambda: not children(), 180, "every child garbage-collected")
+    try:
+        wait_for(collected, 180, "every child garbage-collected")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; still there: {left}") from None
     cache = real_node.node_path(NODE_CACHE_ROOT)
     used = sum(f.stat().st_size for f in (cache / NAMESPACE).rglob("*") if f.is_file())
     assert 0 < used <= 512 * 2**20, used  # CACHE_BOUND; the model stays for the next pod
