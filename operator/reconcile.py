@@ -40,6 +40,7 @@ from .render import (
     SERVICE_MONITOR,
     ChildKind,
     Owner,
+    apply_waves,
     kind_of,
     render_children,
 )
@@ -59,8 +60,13 @@ def ref_of(kind: ChildKind) -> Ref:
 
 
 class _ReadAgain(Exception):
-    """A reconcile planned from a watched body is about to apply a child, or its status write found
-    the object moved on (409): it reads the object afresh and plans again."""
+    """A reconcile planned from a watched body found the object moved on (its status write got a
+    409, or there was nothing new to write but transitions to post): it reads the object afresh and
+    plans again. ``applied``: what it had applied by then (kept in the outcome)."""
+
+    def __init__(self, applied: list[str] | None = None) -> None:
+        super().__init__()
+        self.applied = applied or []
 
 
 class EventPoster(Protocol):
@@ -132,6 +138,10 @@ class Reconciler:
         # The resourceVersion of our last status write, kept: a body at least as new holds it, so
         # a status planned from it posts no transition twice and needs no fresh read.
         self._own_version: dict[tuple[str, str], int] = {}
+        # The newest resourceVersion each deployment was planned from: a watched body older than that
+        # (an event queued behind a reconcile that read the object afresh) is never applied from,
+        # which would roll the engines back to a spec already replaced and then forward again.
+        self._planned_version: dict[tuple[str, str], int] = {}
         # When each deployment's last reconcile finished: the periodic looks (periodic.py) count any
         # reconcile as a look, so the rollout check does not repeat a nudge's work.
         self._reconciled_at: dict[tuple[str, str], float] = {}
@@ -151,6 +161,7 @@ class Reconciler:
         self._applied_replicas.pop((namespace, name), None)
         self._own_status.pop((namespace, name), None)
         self._own_version.pop((namespace, name), None)
+        self._planned_version.pop((namespace, name), None)
         self._reconciled_at.pop((namespace, name), None)
 
     def _newest(self, key: tuple[str, str], watched: dict[str, Any]) -> dict[str, Any]:
@@ -215,10 +226,13 @@ class Reconciler:
         (``skipped``) rather than queue: the deployment stays due and is looked at on a later tick.
 
         ``body``: the object as the handler's watch saw it. A reconcile planned from it that finds
-        nothing to write sends no request at all; one that would apply a child reads the object
-        afresh first and plans again; a status write is sent with the body's resourceVersion as a
-        precondition, and read afresh only on a 409 (a watched body can lag behind another write,
-        and planning from it would post the same transition twice). Without it, it is read first.
+        nothing to write sends no request at all; one that applies children applies them from it
+        (no read first: at 1,000 deployments that read was a ninth of the operator's requests and a
+        round trip in every create); its status write is sent with the body's resourceVersion as a
+        precondition, and on a 409 (the object moved on: another writer, or a newer spec still on
+        its way through the watch) it reads the object afresh and plans again, applying what the
+        newer spec changes. A body older than one this deployment was already planned from is read
+        afresh instead. Without a body, the object is read first.
 
         ``priority``: the queue position when every slot is taken (slots.py). A rejected spec goes
         as ``STATUS`` whatever the caller says: nothing is rendered for it."""
@@ -245,8 +259,10 @@ class Reconciler:
         if body is not None:
             try:
                 return await self._reconcile(namespace, name, claimants, self._newest((namespace, name), body))
-            except _ReadAgain:
-                pass
+            except _ReadAgain as e:
+                again = await self._reconcile(namespace, name, claimants, None)
+                again.applied[:0] = e.applied
+                return again
         return await self._reconcile(namespace, name, claimants, None)
 
     def last_reconciled(self, key: tuple[str, str]) -> float | None:
@@ -294,6 +310,10 @@ class Reconciler:
             outcome.gone = True
             return outcome
         meta = body["metadata"]
+        key = (namespace, name)
+        if watched and version_number(body) < self._planned_version.get(key, 0):
+            raise _ReadAgain
+        self._planned_version[key] = max(version_number(body), self._planned_version.get(key, 0))
         generation = meta.get("generation")
         live_status: dict[str, Any] = body.get("status") or {}
         owner = Owner(name=name, namespace=namespace, uid=meta.get("uid"))
@@ -336,6 +356,7 @@ class Reconciler:
             service_monitor=await self._serves_service_monitors(),
             pin=pin.pin,
         )
+        pending: list[tuple[ChildKind, dict[str, Any], str]] = []
         for child in children:
             kind = kind_of(child)
             child_name = child["metadata"]["name"]
@@ -346,23 +367,13 @@ class Reconciler:
             else:
                 live = await self._reads.get_object(ref_of(kind), namespace, child_name)
             difference = "(missing)" if live is None else first_difference(child, live)
-            if difference is None:
-                continue
-            if watched:
-                raise _ReadAgain
-            try:
-                applied = await self._client.apply(ref_of(kind), child, field_manager=FIELD_MANAGER)
-            except KubeRejected as e:
-                # The API server refused the object; resending it unchanged would fail again, so
-                # report it and let the periodic resync try at its calm pace.
-                outcome.apply_error = f"{kind.kind} {child_name}: {e.detail}"
-                log.warning("apply of %s/%s refused: %s", kind.kind, child_name, e)
+            if difference is not None:
+                pending.append((kind, child, difference))
+        for wave in apply_waves(pending, lambda item: item[0]):
+            applied = await self._apply_wave(wave, outcome)
+            deployment_live = applied.get(DEPLOYMENT.kind, deployment_live)
+            if outcome.apply_error is not None:
                 break
-            outcome.applied.append(f"{kind.kind}/{child_name} ({difference})")
-            if self._cache is not None:
-                self._cache.remember(ref_of(kind), applied)
-            if kind is DEPLOYMENT:
-                deployment_live = applied
         if outcome.apply_error is None:
             self._applied_replicas[(namespace, name)] = decision.replicas
 
@@ -388,6 +399,36 @@ class Reconciler:
         )
         await self._write_status(body, observed, live_status, outcome, watched)
         return outcome
+
+    async def _apply_wave(
+        self, wave: list[tuple[ChildKind, dict[str, Any], str]], outcome: Outcome
+    ) -> dict[str, dict[str, Any]]:
+        """Apply one wave's children at once (one round trip, not one per child); the applied objects
+        by kind. A refused child is reported in ``outcome.apply_error`` (resending it unchanged would
+        fail again: the periodic resync tries at its calm pace); any other failure is raised once every
+        request of the wave has ended, the ones that succeeded remembered."""
+        results = await asyncio.gather(
+            *(self._client.apply(ref_of(kind), child, field_manager=FIELD_MANAGER) for kind, child, _ in wave),
+            return_exceptions=True,
+        )
+        applied: dict[str, dict[str, Any]] = {}
+        failure: BaseException | None = None
+        for (kind, child, difference), result in zip(wave, results, strict=True):
+            child_name = child["metadata"]["name"]
+            if isinstance(result, KubeRejected):
+                if outcome.apply_error is None:
+                    outcome.apply_error = f"{kind.kind} {child_name}: {result.detail}"
+                log.warning("apply of %s/%s refused: %s", kind.kind, child_name, result)
+            elif isinstance(result, BaseException):
+                failure = failure or result
+            else:
+                outcome.applied.append(f"{kind.kind}/{child_name} ({difference})")
+                if self._cache is not None:
+                    self._cache.remember(ref_of(kind), result)
+                applied[kind.kind] = result
+        if failure is not None:
+            raise failure
+        return applied
 
     async def _pods_while_unready(
         self, namespace: str, name: str, deployment: dict[str, Any] | None, desired: int
@@ -443,7 +484,7 @@ class Reconciler:
         if watched and (changed or plan.transitions) and not holds_own:
             precondition = str(meta.get("resourceVersion") or "")
             if not changed or not precondition:
-                raise _ReadAgain
+                raise _ReadAgain(outcome.applied)
         if changed:
             try:
                 written = await self._client.patch_status(
@@ -460,7 +501,7 @@ class Reconciler:
             except KubeConflict:
                 if precondition is None:
                     raise
-                raise _ReadAgain from None
+                raise _ReadAgain(outcome.applied) from None
             outcome.status_written = True
             if version_number(written):
                 self._own_status[key] = dict(without_managed_fields(written))

@@ -101,9 +101,10 @@ async def test_create_applies_each_child_once_and_nudges_and_resyncs_apply_nothi
     }, created
     per_name = child_writes(sent(cluster, start, by_name=True))
     assert set(per_name.values()) == {1}, per_name  # the spec and the pin ConfigMap once each
-    # The object is read afresh once, before its first writes; later status writes plan from the
-    # watched body or, until the watch delivers it, from the operator's own last write.
-    assert created["GET inferencedeployments"] == COUNT, created
+    # Never read: the children are applied from the watched body, and the status write carries its
+    # resourceVersion as a precondition (nobody else wrote, so none is refused); later status
+    # writes plan from the watched body or, until the watch delivers it, the operator's own write.
+    assert created["GET inferencedeployments"] == 0, created
 
     # The Deployment controller reports the pods Ready: the rollout nudges (and the rollout
     # check) write status, without reading the object again, and apply no child.
@@ -127,9 +128,9 @@ async def test_create_applies_each_child_once_and_nudges_and_resyncs_apply_nothi
 @pytest.mark.parametrize("bound", [1, 3])
 async def test_a_start_up_pass_finishes_deployments_in_turn(cluster: Cluster, bound: int) -> None:
     """Twelve deployments found at start-up, at most ``bound`` reconciles at once: when the k-th
-    engine Deployment is applied, at most k - 1 + ``bound`` deployments have been read (each
-    reconcile reads its object once, before its first write; fewer than k have finished). Unbounded,
-    all twelve were read before the first Deployment was applied: the pass went breadth-first."""
+    engine Deployment is applied, at most k - 1 + ``bound`` deployments have been begun (their spec
+    ConfigMap, the first thing a reconcile applies; fewer than k have finished). Unbounded, all
+    twelve were begun before the first Deployment was applied: the pass went breadth-first."""
     names = [f"m{i:02d}" for i in range(12)]
     for name in names:
         await cluster.create_infd(infd(name))
@@ -146,15 +147,15 @@ async def test_a_start_up_pass_finishes_deployments_in_turn(cluster: Cluster, bo
         await quiet(cluster)
     finally:
         await stop_operator(running)
-    read: set[str] = set()
-    read_before: list[int] = []  # deployments read when each engine Deployment was applied, in order
+    begun: set[str] = set()
+    begun_before: list[int] = []  # deployments begun when each engine Deployment was applied, in order
     for r in list(cluster.api)[start:]:
         if "kvfleet" not in r.headers.get("User-Agent", ""):
             continue
         plural = getattr(r.resource, "plural", r.resource)
-        if r.method.value == "GET" and plural == "inferencedeployments" and r.name is not None:
-            read.add(r.name)
+        if r.method.value == "PATCH" and plural == "configmaps" and str(r.name).endswith("-engine-spec"):
+            begun.add(str(r.name))
         elif r.method.value == "PATCH" and plural == "deployments" and not r.subresource:
-            read_before.append(len(read))
-    assert len(read_before) == len(names), read_before
-    assert all(n <= k - 1 + bound for k, n in enumerate(read_before, start=1)), read_before
+            begun_before.append(len(begun))
+    assert len(begun_before) == len(names), begun_before
+    assert all(n <= k - 1 + bound for k, n in enumerate(begun_before, start=1)), begun_before
