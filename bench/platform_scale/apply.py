@@ -10,7 +10,19 @@ from typing import Any
 
 from .audit import audit_entries, by_request
 from .cluster import ScaleRun, create_all, list_all, router_port, router_replicas, wait_each
-from .objects import BAD_REASONS, EVENTS, INFD, REPLICAS, condition, infd, infd_ready, namespace_of, now_iso, summary
+from .objects import (
+    BAD_REASONS,
+    DEPLOYMENTS,
+    EVENTS,
+    INFD,
+    REPLICAS,
+    condition,
+    infd,
+    infd_ready,
+    namespace_of,
+    now_iso,
+    summary,
+)
 
 
 async def apply_all(s: ScaleRun) -> dict[str, Any]:
@@ -24,6 +36,14 @@ async def apply_all(s: ScaleRun) -> dict[str, Any]:
             docs.append(infd(f"bad{i // 10:04d}", namespace_of(i // 10, n), invalid=True))
     docs += [infd(f"bad{j:04d}", namespace_of(j, n), invalid=True) for j in range((n // 10), bad)]
     print(f"[{n}] apply {n} InferenceDeployments (+{bad} invalid)", flush=True)
+    valid = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["metadata"]["name"][0] == "m"}
+    # When the operator created each engine Deployment: its share of apply-to-Ready, the rest the
+    # controllers' and kwok's (and the status write's). The watch lists before the creates go out.
+    engines = {(ns, f"{name}-engine"): (ns, name) for ns, name in valid}
+    engine_seen = asyncio.ensure_future(wait_each(s.admin, DEPLOYMENTS, set(engines), bool, s.phase_timeout_s))
+    await asyncio.sleep(1)
+    cpu = s.cpu_meter()
+    cpu.start()
     since, t0 = now_iso(), time.monotonic()
     created = await create_all(s.admin, INFD, docs)
     s.valid = {k for k in created if k[1].startswith("m")}
@@ -38,6 +58,13 @@ async def apply_all(s: ScaleRun) -> dict[str, Any]:
             s.phase_timeout_s,
         ),
     )
+    spent = cpu.spent()
+    applied_at = await engine_seen
+    shares: dict[str, list[float]] = {"engine_created": [], "engine_to_ready": []}
+    for engine, owner in engines.items():
+        if engine in applied_at and owner in ready and owner in created:
+            shares["engine_created"].append(applied_at[engine] - created[owner])
+            shares["engine_to_ready"].append(ready[owner] - applied_at[engine])
     # What the operator asked of the API server while they came up (the audit log), per deployment.
     operator = by_request(audit_entries(s.cluster.audit, since, now_iso()), "operator")
     events = await list_all(s.admin, EVENTS)
@@ -53,6 +80,9 @@ async def apply_all(s: ScaleRun) -> dict[str, Any]:
             "not_ready": len(s.valid) - len(ready),
             "operator_requests": operator,
             "operator_requests_per_deployment": round(sum(operator.values()) / max(1, len(created)), 1),
+            "per_deployment": {k: summary(v) for k, v in shares.items()},
+            "engines_created_s": round(max(applied_at.values(), default=t0) - t0, 1),
+            "cpu_s": spent,
         },
         "invalid": {
             "applied": len(invalid),

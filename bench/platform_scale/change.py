@@ -46,10 +46,13 @@ async def change_all(s: ScaleRun) -> dict[str, Any]:
     since = now_iso()
     t2 = time.monotonic()
     cpu0 = {k: c.cpu_s() for k, c in procs.items()}
+    meter = s.cpu_meter()
+    meter.start()
     await asyncio.gather(*(change(k) for k in sorted(s.valid)))
     patched_s = time.monotonic() - t2
     rolled, applied, engine_rolled = await waits
     change_s = time.monotonic() - t2
+    spent = meter.spent()
     shares: dict[str, list[float]] = {"template_applied": [], "controllers_rolled": [], "status_rolled": []}
     for engine, owner in engines.items():
         if engine in applied and engine in engine_rolled and owner in rolled:
@@ -70,5 +73,6 @@ async def change_all(s: ScaleRun) -> dict[str, Any]:
         "requests": len([e for e in entries if component_of(e, {})]),
         "requests_by_code": by_code(entries),
         "cpu_s_per_minute": {k: round((c.cpu_s() - cpu0[k]) / (change_s / 60), 1) for k, c in procs.items()},
+        "cpu_s": spent,
         "loadavg": loadavg(),
     }

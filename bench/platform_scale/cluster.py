@@ -39,11 +39,54 @@ def run(argv: list[str], stdin: str | None = None, env: dict[str, str] | None = 
     return result.stdout
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far; NaN once it is gone (its log says why)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds spent by every process on the machine's cores that a phase is made of: the
+    control plane's (API server, etcd, controllers, scheduler, kwok), kvfleet's components, and this
+    bench process itself (its watches), so a phase's cost is read beside the floor's, not only its
+    latency. ``start`` then ``spent``."""
+
+    def __init__(self, pids: Callable[[], Mapping[str, int]]) -> None:
+        self._pids = pids
+        self._at: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {name: process_cpu_s(pid) for name, pid in {**self._pids(), "bench": os.getpid()}.items()}
+
+    def start(self) -> None:
+        self._at = self._now()
+
+    def spent(self) -> dict[str, float]:
+        """CPU seconds per process since ``start`` (routers summed), and ``total``."""
+        spent: dict[str, float] = {}
+        for name, now in self._now().items():
+            before = self._at.get(name)
+            if before is None or now != now or before != before:  # NaN: not running through the phase
+                continue
+            key = "routers" if name.startswith("router-") else name
+            spent[key] = spent.get(key, 0.0) + now - before
+        spent = {k: round(v, 1) for k, v in spent.items()}
+        spent["total"] = round(sum(spent.values()), 1)
+        return spent
+
+
 class Cluster:
     def __init__(self, plane: ControlPlane, folder: Path) -> None:
         self.plane, self.folder = plane, folder
         self.kubectl = [str(BIN / "kubectl"), "--kubeconfig", str(plane.kubeconfig)]
         self.audit = Path(plane.settings.root) / "logs" / "audit.log"
+
+    def control_plane_pids(self) -> dict[str, int]:
+        assert self.plane.state is not None
+        return dict(self.plane.state.pids)
 
     def k(self, *args: str, stdin: str | None = None) -> str:
         return run([*self.kubectl, *args], stdin=stdin)
@@ -110,11 +153,7 @@ class Component:
 
     def cpu_s(self) -> float:
         assert self.proc is not None
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return float("nan")  # the process is gone (its log says why)
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.proc.pid)
 
     def peak_rss_mb(self) -> float:
         """The most resident memory the process has held since it started (VmHWM)."""
@@ -288,6 +327,15 @@ class ScaleRun:
     """The valid InferenceDeployments applied (namespace, name)."""
     floor_change_s: float | None = None
     """How long the floor's change to all took (the change goal is 3x this)."""
+
+    def cpu_meter(self) -> CpuMeter:
+        """CPU of the control plane, kvfleet's running components and the bench (``CpuMeter``)."""
+        return CpuMeter(
+            lambda: {
+                **self.cluster.control_plane_pids(),
+                **{k: c.proc.pid for k, c in self.procs.items() if c.proc is not None and c.proc.poll() is None},
+            }
+        )
 
     @property
     def change_bound_s(self) -> float:

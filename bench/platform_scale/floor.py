@@ -9,12 +9,13 @@ from typing import Any
 
 from kvfleet.kube import KubeClient
 
-from .cluster import create_all, list_all, wait_each
+from .cluster import CpuMeter, create_all, list_all, wait_each
 from .objects import DEPLOYMENTS, PODS, deployment_ready, namespace_of, plain_deployment, summary
 
 
-async def floor(api: KubeClient, n: int, timeout_s: float) -> dict[str, Any]:
+async def floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMeter) -> dict[str, Any]:
     docs = [plain_deployment(f"plain-{i:04d}", namespace_of(i, n)) for i in range(n)]
+    cpu.start()
     t0 = time.monotonic()
     created = await create_all(api, DEPLOYMENTS, docs)
     ready = await wait_each(api, DEPLOYMENTS, set(created), deployment_ready, timeout_s, "")
@@ -22,8 +23,10 @@ async def floor(api: KubeClient, n: int, timeout_s: float) -> dict[str, Any]:
         "create_to_ready": summary([ready[k] - created[k] for k in ready]),
         "total_s": round(max(ready.values(), default=t0) - t0, 1),
         "timed_out": len(ready) < n,
+        "cpu_s": cpu.spent(),
     }
     # A template change to all at once (new pods for every one), then the time until all are rolled.
+    cpu.start()
     t1 = time.monotonic()
     limit = asyncio.Semaphore(32)
 
@@ -36,6 +39,7 @@ async def floor(api: KubeClient, n: int, timeout_s: float) -> dict[str, Any]:
     await asyncio.gather(*(bump(d) for d in docs))
     rolled = await wait_each(api, DEPLOYMENTS, set(created), deployment_ready, timeout_s)
     out["change_all_s"] = round(max(rolled.values(), default=t1) - t1, 1)
+    out["change_cpu_s"] = cpu.spent()
     out["change_timed_out"] = len(rolled) < n
     for d in docs:
         m = d["metadata"]

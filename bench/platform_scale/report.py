@@ -70,6 +70,48 @@ def render(results: dict[str, Any]) -> str:
             a = r["apply"]
             top = ", ".join(f"{k} {v}" for k, v in list(a["operator_requests"].items())[:8])
             lines.append(f"- {r['deployments']}: {a['operator_requests_per_deployment']} a deployment ({top})")
+    split = [r for r in runs if (r.get("apply") or {}).get("per_deployment")]
+    if split:
+        lines += [
+            "",
+            "Apply-to-Ready in two parts, per deployment p50 / p99 (s): until the operator had created its",
+            "engine Deployment (its reconcile: children in two waves, first status), then until Ready",
+            "(the controllers, the scheduler and kwok bring the pods up; the operator writes Ready):",
+            "",
+        ]
+        for r in split:
+            a = r["apply"]
+            made, rest = a["per_deployment"]["engine_created"], a["per_deployment"]["engine_to_ready"]
+            lines.append(
+                f"- {r['deployments']}: {made['p50_s']} / {made['p99_s']} created (all {a.get('engines_created_s')} s "
+                f"after the first create), then {rest['p50_s']} / {rest['p99_s']} to Ready"
+            )
+    metered = [r for r in runs if (r.get("apply") or {}).get("cpu_s")]
+    if metered:
+        cols = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
+        cols += ("operator", "routers", "autoscaler", "bench")
+        lines += [
+            "",
+            "## Where the CPU went (CPU seconds, every process of the run on the machine's 2 cores)",
+            "",
+            "Each phase from its first create (or patch) until the last object was Ready (or rolled); `bench`",
+            "is this script's own watches. The floor's phases run no kvfleet component.",
+            "",
+            "| deployments | phase | wall (s) | total | " + " | ".join(cols) + " |",
+            "|---|---|---|---|" + "---|" * len(cols),
+        ]
+        for r in metered:
+            f, a, c = r.get("floor") or {}, r["apply"], r.get("change_all") or {}
+            phases = (
+                ("floor: create to Ready", f.get("cpu_s"), f.get("total_s")),
+                ("kvfleet: apply to Ready", a.get("cpu_s"), a.get("total_s")),
+                ("floor: change to all", f.get("change_cpu_s"), f.get("change_all_s")),
+                ("kvfleet: change to all", c.get("cpu_s"), c.get("total_s")),
+            )
+            for name, cpu, wall in phases:
+                if cpu:
+                    cells = " | ".join(str(cpu.get(k, "-")) for k in cols)
+                    lines.append(f"| {r['deployments']} | {name} | {wall} | {cpu.get('total')} | {cells} |")
     lines += [
         "",
         "## Steady state: API requests per minute (audit log), CPU and memory",

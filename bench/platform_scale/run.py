@@ -84,7 +84,7 @@ async def scale_run(
             await admin.create(NAMESPACES.collection(None), {"metadata": {"name": ns}}, field_manager="bench")
         result["loadavg"]["start"] = loadavg()
         print(f"[{n}] floor: {n} plain Deployments x {REPLICAS} pods", flush=True)
-        done("floor", await timed("floor", floor(admin, n, phase_timeout_s), phase_timeout_s * 3))
+        done("floor", await timed("floor", floor(admin, n, phase_timeout_s, s.cpu_meter()), phase_timeout_s * 3))
         s.floor_change_s = None if result["floor"].get("change_timed_out") else result["floor"].get("change_all_s")
         result["loadavg"]["after_floor"] = loadavg()
 
