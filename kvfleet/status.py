@@ -50,8 +50,15 @@ class InferenceDeploymentStatus(StatusModel):
     observed_generation: int | None = Field(
         default=None, ge=0, description="The metadata.generation the operator last reconciled."
     )
-    replicas: int | None = Field(default=None, ge=0, description="Engine pods that exist (scale subresource).")
-    ready_replicas: int | None = Field(default=None, ge=0, description="Engine pods ready to serve.")
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Engine pods that exist, up to the desired count: a rolling update's surge pod is counted by "
+        "the engine Deployment only (scale subresource).",
+    )
+    ready_replicas: int | None = Field(
+        default=None, ge=0, description="Engine pods ready to serve, up to the desired count (as replicas)."
+    )
     desired_replicas: int | None = Field(
         default=None, ge=0, description="Replica count decided by the autoscaler (or spec.replicas)."
     )

@@ -115,14 +115,24 @@ class StatusPlan:
     transitions: tuple[Transition, ...]
 
 
+def _up_to(count: int, desired: int) -> int:
+    """Pure: a pod count as status reports it, at most the desired count (while it is above zero):
+    a rolling update's surge pod (maxSurge 1) is not counted, so the three pod steps of each replica
+    it replaces (surge pod made, ready, old pod gone) leave status as it was instead of writing
+    4, then 3, again and again; the engine Deployment's own status counts it. Scaling to zero the
+    pods still serving are counted until they are gone."""
+    return min(count, desired) if desired > 0 else count
+
+
 def _rollout_state(dep: DeploymentObservation, desired: int) -> tuple[bool, str]:
     """(in progress, why), the way `kubectl rollout status` decides."""
     if dep.observed_generation < dep.generation:
         return True, "the Deployment controller has not seen the latest template yet"
-    if dep.updated_replicas < desired:
-        return True, f"{dep.updated_replicas}/{desired} replicas run the current template"
-    if dep.replicas > dep.updated_replicas:
-        return True, f"{dep.replicas - dep.updated_replicas} old replicas are terminating"
+    if dep.updated_replicas < desired or dep.replicas > dep.updated_replicas:
+        # One message per replica moved to the new template, not per pod step (a surge pod made,
+        # ready, an old one gone): each new message is a status write, and a change rolling 1,000
+        # deployments at once wrote ten a rollout where four say the same.
+        return True, f"{min(dep.updated_replicas, desired)}/{desired} replicas run the current template"
     if dep.ready_replicas < desired:
         return True, f"{dep.ready_replicas}/{desired} replicas ready"
     return False, f"{dep.ready_replicas}/{desired} replicas ready and current"
@@ -184,7 +194,9 @@ def _conditions(obs: Observed) -> list[Cond]:
         return [ready, progressing, degraded, zero]
 
     if dep.ready_replicas > 0:
-        ready = Cond("Ready", "True", "ReplicasReady", f"{dep.ready_replicas}/{desired} replicas ready")
+        ready = Cond(
+            "Ready", "True", "ReplicasReady", f"{_up_to(dep.ready_replicas, desired)}/{desired} replicas ready"
+        )
     else:
         ready = Cond("Ready", "False", "NoReplicaReady", f"0/{desired} replicas ready; engines are starting")
     moving, why = _rollout_state(dep, desired)
@@ -272,9 +284,11 @@ def plan_status(obs: Observed, previous: dict[str, Any] | None, now: datetime) -
             transitions.append(Transition(cond, "Warning" if warn else "Normal"))
     transitions = _one_voice(transitions)
 
+    dep = obs.deployment
+    desired = obs.desired_replicas if obs.desired_replicas is not None else (dep.spec_replicas if dep else 0)
     status = InferenceDeploymentStatus(
-        replicas=obs.deployment.replicas if obs.deployment is not None else 0,
-        ready_replicas=obs.deployment.ready_replicas if obs.deployment is not None else 0,
+        replicas=_up_to(dep.replicas, desired) if dep is not None else 0,
+        ready_replicas=_up_to(dep.ready_replicas, desired) if dep is not None else 0,
         selector=obs.selector,
         endpoint=obs.endpoint,
         conditions=conditions,

@@ -356,3 +356,51 @@ def test_the_older_claim_keeps_a_served_name_and_the_newer_is_never_ready() -> N
         assert [(t.event_type, t.condition.type, t.condition.message) for t in plan.transitions] == [
             ("Warning", "Degraded", message)
         ]
+
+
+# The engine Deployment's status through a rolling update of 3 replicas (maxSurge 1, maxUnavailable
+# 0), one entry per status write of the Deployment controller: (generation, observedGeneration,
+# replicas, readyReplicas, updatedReplicas). Each replica replaced takes three pod steps.
+ROLLOUT = [
+    (2, 1, 3, 3, 3),
+    (2, 2, 4, 3, 1),
+    (2, 2, 4, 4, 1),
+    (2, 2, 3, 3, 1),
+    (2, 2, 4, 3, 2),
+    (2, 2, 4, 4, 2),
+    (2, 2, 3, 3, 2),
+    (2, 2, 4, 3, 3),
+    (2, 2, 4, 4, 3),
+    (2, 2, 3, 3, 3),
+]
+
+
+def test_a_rolling_update_writes_status_once_per_replica_replaced() -> None:
+    """Status moves when a replica runs the new template, not on each pod step (the surge pod made,
+    ready, an old one gone): 5 writes for a rollout of 3 replicas where 10 mirrored every step, and
+    never more ready replicas than desired (the surge pod is the engine Deployment's to count)."""
+    live = plan_status(observed(dep(spec_replicas=3, replicas=3, ready_replicas=3, updated_replicas=3), 3), None, T0)
+    written: list[tuple[int, int, str]] = []
+    for generation, seen, replicas, ready, updated in ROLLOUT:
+        engine = dep(
+            spec_replicas=3,
+            generation=generation,
+            observed_generation=seen,
+            replicas=replicas,
+            ready_replicas=ready,
+            updated_replicas=updated,
+            available_replicas=ready,
+        )
+        plan = plan_status(observed(engine, 3), live.status, T0)
+        if first_difference(plan.status, live.status) is not None:
+            progressing = next(c for c in plan.status["conditions"] if c["type"] == "Progressing")
+            written.append((plan.status["replicas"], plan.status["readyReplicas"], progressing["message"]))
+            live = plan
+    assert [message for _, _, message in written] == [
+        "the Deployment controller has not seen the latest template yet",
+        "1/3 replicas run the current template",
+        "2/3 replicas run the current template",
+        "3/3 replicas run the current template",
+        "3/3 replicas ready and current",
+    ]
+    assert {(replicas, ready) for replicas, ready, _ in written} == {(3, 3)}
