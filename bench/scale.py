@@ -26,7 +26,7 @@ scheduler and kwok GPU nodes; no real node), per deployment count N:
     .venv/bin/python bench/scale.py --deployments 1000 --window-s 600 --baseline-window-s 60 --phase-timeout-s 900
     .venv/bin/python bench/scale.py --deployments 10 100 --window-s 60 --baseline-window-s 30 --phase-timeout-s 300
 
-(1,000 took 27 minutes of this 2-core machine left to it, the 10-minute steady window included;
+(1,000 took 27-30 minutes of this 2-core machine left to it, the 10-minute steady window included;
 10 and 100 5-6 minutes each: docs/benchmarks/scale.md.)
 
 Results merge by deployment count into docs/benchmarks/scale.json, rendered to scale.md and
