@@ -115,6 +115,14 @@ class StatusPlan:
     transitions: tuple[Transition, ...]
 
 
+def _desired(obs: Observed) -> int:
+    """The replicas decided; with an invalid spec nothing new was decided: what the existing
+    Deployment asks for."""
+    if obs.desired_replicas is not None:
+        return obs.desired_replicas
+    return obs.deployment.spec_replicas if obs.deployment is not None else 0
+
+
 def _up_to(count: int, desired: int) -> int:
     """Pure: a pod count as status reports it, at most the desired count (while it is above zero):
     a rolling update's surge pod (maxSurge 1) is not counted, so the three pod steps of each replica
@@ -131,7 +139,7 @@ def _rollout_state(dep: DeploymentObservation, desired: int) -> tuple[bool, str]
     if dep.updated_replicas < desired or dep.replicas > dep.updated_replicas:
         # One message per replica moved to the new template, not per pod step (a surge pod made,
         # ready, an old one gone): each new message is a status write, and a change rolling 1,000
-        # deployments at once wrote ten a rollout where four say the same.
+        # deployments at once wrote ten a rollout of three replicas where five say the same.
         return True, f"{min(dep.updated_replicas, desired)}/{desired} replicas run the current template"
     if dep.ready_replicas < desired:
         return True, f"{dep.ready_replicas}/{desired} replicas ready"
@@ -168,9 +176,7 @@ def _conditions(obs: Observed) -> list[Cond]:
         degraded = Cond("Degraded", "False", "AsExpected", "no problem seen")
 
     # With an invalid spec nothing new was decided: report what the existing Deployment does.
-    desired = obs.desired_replicas
-    if desired is None:
-        desired = dep.spec_replicas if dep is not None else 0
+    desired = _desired(obs)
 
     if dep is None:
         why = "fix the spec; no child was created" if refusal else "creating the engine Deployment"
@@ -284,8 +290,7 @@ def plan_status(obs: Observed, previous: dict[str, Any] | None, now: datetime) -
             transitions.append(Transition(cond, "Warning" if warn else "Normal"))
     transitions = _one_voice(transitions)
 
-    dep = obs.deployment
-    desired = obs.desired_replicas if obs.desired_replicas is not None else (dep.spec_replicas if dep else 0)
+    dep, desired = obs.deployment, _desired(obs)
     status = InferenceDeploymentStatus(
         replicas=_up_to(dep.replicas, desired) if dep is not None else 0,
         ready_replicas=_up_to(dep.ready_replicas, desired) if dep is not None else 0,
