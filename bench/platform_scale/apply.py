@@ -36,7 +36,7 @@ async def apply_all(s: ScaleRun) -> dict[str, Any]:
             docs.append(infd(f"bad{i // 10:04d}", namespace_of(i // 10, n), invalid=True))
     docs += [infd(f"bad{j:04d}", namespace_of(j, n), invalid=True) for j in range((n // 10), bad)]
     print(f"[{n}] apply {n} InferenceDeployments (+{bad} invalid)", flush=True)
-    valid = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["metadata"]["name"][0] == "m"}
+    valid = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["metadata"]["name"].startswith("m")}
     # When the operator created each engine Deployment: its share of apply-to-Ready, the rest the
     # controllers' and kwok's (and the status write's). The watch lists before the creates go out.
     engines = {(ns, f"{name}-engine"): (ns, name) for ns, name in valid}
@@ -46,7 +46,7 @@ async def apply_all(s: ScaleRun) -> dict[str, Any]:
     cpu.start()
     since, t0 = now_iso(), time.monotonic()
     created = await create_all(s.admin, INFD, docs)
-    s.valid = {k for k in created if k[1].startswith("m")}
+    s.valid = valid & set(created)
     invalid = set(created) - s.valid
     ready, degraded = await asyncio.gather(
         wait_each(s.admin, INFD, s.valid, infd_ready, s.phase_timeout_s),
