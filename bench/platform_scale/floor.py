@@ -1,5 +1,9 @@
 """Phase 1, the floor: N plain Deployments with the same pods, created at once, then a template
-change to all of them (what the kwok nodes and the Kubernetes controllers themselves allow)."""
+change to all of them (what the kwok nodes and the Kubernetes controllers themselves allow).
+
+The pods are the engine pods kvfleet runs (``objects.plain_deployment``): the floor is then what
+the cluster costs for those pods, and the gap to kvfleet is kvfleet's own (its operator, children,
+status and watches). ``pods="minimal"`` runs the bare-pod floor of earlier runs beside it."""
 
 from __future__ import annotations
 
@@ -13,13 +17,15 @@ from .cluster import CpuMeter, create_all, list_all, wait_each
 from .objects import DEPLOYMENTS, PODS, deployment_ready, namespace_of, plain_deployment, summary
 
 
-async def floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMeter) -> dict[str, Any]:
-    docs = [plain_deployment(f"plain-{i:04d}", namespace_of(i, n)) for i in range(n)]
+async def floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMeter, pods: str = "engine") -> dict[str, Any]:
+    prefix = "plain" if pods == "engine" else "bare"  # a name of its own: the two floors may run one after the other
+    docs = [plain_deployment(f"{prefix}-{i:04d}", namespace_of(i, n), pods) for i in range(n)]
     cpu.start()
     t0 = time.monotonic()
     created = await create_all(api, DEPLOYMENTS, docs)
     ready = await wait_each(api, DEPLOYMENTS, set(created), deployment_ready, timeout_s, "")
     out: dict[str, Any] = {
+        "pods": pods,
         "create_to_ready": summary([ready[k] - created[k] for k in ready]),
         "total_s": round(max(ready.values(), default=t0) - t0, 1),
         "timed_out": len(ready) < n,

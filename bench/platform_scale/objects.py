@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from kvfleet.kube import Ref
+from kvfleet.operator.render import Owner, render_deployment
+from kvfleet.operator.settings import OperatorSettings
+from kvfleet.spec import InferenceDeploymentSpec
 from kvfleet_testkit.manifests import SCALE_POLICY, inference_deployment
 
 REPLICAS = 3  # engine pods per deployment: 1,000 deployments make 3,000 pods
@@ -54,9 +57,37 @@ def infd(name: str, ns: str, *, replicas: int = REPLICAS, invalid: bool = False,
     return inference_deployment(name, ns, replicas=replicas, gpu_product=product or BIG_PRODUCT, invalid=invalid)
 
 
-def plain_deployment(name: str, ns: str) -> dict:
-    """The floor: what kwok and the controllers need for the same pods, with nothing of kvfleet."""
+FLOOR_PODS = ("engine", "minimal")
+"""What the floor's pods are: ``engine``, the pods kvfleet's engine Deployment runs (the floor the
+goals are read against); ``minimal``, one container with only its GPU limit (the floor before,
+kept to show what the engine pod's own size costs the control plane)."""
+
+
+def plain_deployment(name: str, ns: str, pods: str = "engine") -> dict:
+    """The floor: a Deployment of the same pods, with nothing of kvfleet. ``engine`` renders the engine
+    Deployment the operator would create for ``infd(name, ns)`` (its pod template: probes, volumes,
+    security settings, spread; its rollout strategy and history limit), under the floor's own
+    labels: no owner, no ConfigMaps, Service, PodDisruptionBudget or ServiceMonitor beside it, no
+    operator, router or autoscaler watching. kwok mounts nothing, so the ConfigMaps the volumes
+    name need not exist. ``minimal``: one container with a GPU limit (see ``FLOOR_PODS``)."""
+    if pods not in FLOOR_PODS:
+        raise ValueError(f"pods must be one of {FLOOR_PODS}, got {pods!r}")
     labels = {"app": name}
+    if pods == "engine":
+        spec = InferenceDeploymentSpec.model_validate(infd(name, ns)["spec"])
+        engine = render_deployment(Owner(name, ns), spec, REPLICAS, OperatorSettings())
+        template = engine["spec"]["template"]
+        template["metadata"]["labels"] = labels
+        for spread in template["spec"].get("topologySpreadConstraints") or []:
+            spread["labelSelector"] = {"matchLabels": labels}
+        template["metadata"].setdefault("annotations", {})["rev"] = "1"
+        spec_out = {**engine["spec"], "selector": {"matchLabels": labels}, "template": template}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": spec_out,
+        }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -23,6 +23,13 @@ def render(results: dict[str, Any]) -> str:
         "load average, beside each figure, is the run's own control plane); the floor itself moves between",
         "runs and with load, and latencies with it: read the ratios to the floor measured in the same run.",
         "",
+        "The floor is plain Deployments of the same engine pods (the template, rollout strategy and history",
+        "limit the operator renders for each deployment, under labels of their own), with nothing of",
+        "kvfleet: no operator, router or autoscaler, no ConfigMaps, Service, PodDisruptionBudget or",
+        "ServiceMonitor. The gap to it is kvfleet's own. Runs made with `--minimal-floor` also measure",
+        "the floor of bare one-container pods (the floor of runs before 2026-11-28 evening), to show",
+        "what the engine pod's own size costs the cluster.",
+        "",
         "| deployments | started (UTC) | run took (s) | steady window / baseline window (s) | phase bound (s) "
         "| kvfleet commit |",
         "|---|---|---|---|---|---|",
@@ -63,6 +70,31 @@ def render(results: dict[str, Any]) -> str:
             f"{a.get('p50_s')} / {a.get('p99_s')} / {a.get('total_s')} | {gap} | "
             f"{floor_change or f.get('change_all_s')} / {c.get('total_s')}{ratio_text} | {shares(c)} | {load} |"
         )
+    legacy = [r["deployments"] for r in runs if r.get("floor") and (r["floor"].get("pods") or "minimal") == "minimal"]
+    if legacy:
+        lines += ["", f"Floor of bare pods in the table above (runs before the engine-pod floor): {legacy}."]
+    bare = [r for r in runs if (r.get("floor_minimal") or {}).get("create_to_ready")]
+    if bare:
+        lines += [
+            "",
+            "The two floors measured in one run (`--minimal-floor`): bare one-container pods, then the engine",
+            "pods; what the engine pod's size (probes, volumes, security settings, spread) costs the cluster.",
+            "",
+            "| deployments | bare pods: p99 / change all (s), CPU s | engine pods: p99 / change all (s), CPU s "
+            "| engine / bare: p99, change |",
+            "|---|---|---|---|",
+        ]
+        for r in bare:
+            b, f = r["floor_minimal"], r.get("floor") or {}
+            bp99, fp99 = b["create_to_ready"].get("p99_s"), (f.get("create_to_ready") or {}).get("p99_s")
+            bch, fch = b.get("change_all_s"), f.get("change_all_s")
+            p99_ratio = f"{fp99 / bp99:.2f}x" if bp99 and fp99 else "-"
+            ch_ratio = f"{fch / bch:.2f}x" if bch and fch else "-"
+            lines.append(
+                f"| {r['deployments']} | {bp99} / {bch}, {(b.get('cpu_s') or {}).get('total')} + "
+                f"{(b.get('change_cpu_s') or {}).get('total')} | {fp99} / {fch}, {(f.get('cpu_s') or {}).get('total')}"
+                f" + {(f.get('change_cpu_s') or {}).get('total')} | {p99_ratio}, {ch_ratio} |"
+            )
     asked = [r for r in runs if (r.get("apply") or {}).get("operator_requests")]
     if asked:
         lines += ["", "The operator's requests while they were applied (audit log; invalid ones counted too):", ""]
@@ -102,7 +134,10 @@ def render(results: dict[str, Any]) -> str:
         ]
         for r in metered:
             f, a, c = r.get("floor") or {}, r["apply"], r.get("change_all") or {}
+            b = r.get("floor_minimal") or {}
             phases = (
+                ("floor of bare pods: create to Ready", b.get("cpu_s"), b.get("total_s")),
+                ("floor of bare pods: change to all", b.get("change_cpu_s"), b.get("change_all_s")),
                 ("floor: create to Ready", f.get("cpu_s"), f.get("total_s")),
                 ("kvfleet: apply to Ready", a.get("cpu_s"), a.get("total_s")),
                 ("floor: change to all", f.get("change_cpu_s"), f.get("change_all_s")),
@@ -442,7 +477,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     drawn = line(a, [(r.get("apply") or {}).get("p99_s") for r in runs], "o-", "kvfleet apply-to-Ready p99")
     floor_p99 = [((r.get("floor") or {}).get("create_to_ready") or {}).get("p99_s") for r in runs]
-    drawn |= line(a, floor_p99, "s--", "floor: plain Deployments p99")
+    drawn |= line(a, floor_p99, "s--", "floor: plain Deployments of the engine pods, p99")
+    bare_p99 = [((r.get("floor_minimal") or {}).get("create_to_ready") or {}).get("p99_s") for r in runs]
+    drawn |= line(a, bare_p99, "x:", "floor of bare pods, p99")
     steady = [(r.get("steady") or {}).get("beyond_watches_per_minute") for r in runs]
     drawn_b = line(b, steady, "o-", "API requests/min beyond watches")
     b.axhline(100, color="grey", linestyle=":", label="goal at 1,000")

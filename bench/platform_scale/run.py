@@ -65,7 +65,7 @@ async def timed(what: str, coro: Awaitable[Any], timeout_s: float) -> Any:
 
 
 async def scale_run(
-    cluster: Cluster, n: int, windows: tuple[float, float], phase_timeout_s: float, save: Save
+    cluster: Cluster, n: int, windows: tuple[float, float], phase_timeout_s: float, save: Save, minimal_floor: bool
 ) -> dict[str, Any]:
     window_s, baseline_window_s = windows
     result: dict[str, Any] = {"deployments": n, "pods": n * REPLICAS, "started": now_iso(), "loadavg": {}}
@@ -83,7 +83,11 @@ async def scale_run(
         for ns in [*sorted({namespace_of(i, n) for i in range(n)}), "doomed"]:
             await admin.create(NAMESPACES.collection(None), {"metadata": {"name": ns}}, field_manager="bench")
         result["loadavg"]["start"] = loadavg()
-        print(f"[{n}] floor: {n} plain Deployments x {REPLICAS} pods", flush=True)
+        if minimal_floor:
+            print(f"[{n}] floor of bare pods: {n} plain Deployments x {REPLICAS} one-container pods", flush=True)
+            bare = floor(admin, n, phase_timeout_s, s.cpu_meter(), pods="minimal")
+            done("floor_minimal", await timed("floor of bare pods", bare, phase_timeout_s * 3))
+        print(f"[{n}] floor: {n} plain Deployments x {REPLICAS} engine pods", flush=True)
         done("floor", await timed("floor", floor(admin, n, phase_timeout_s, s.cpu_meter()), phase_timeout_s * 3))
         s.floor_change_s = None if result["floor"].get("change_timed_out") else result["floor"].get("change_all_s")
         result["loadavg"]["after_floor"] = loadavg()
@@ -118,7 +122,9 @@ async def scale_run(
     return result
 
 
-def measure(n: int, windows: tuple[float, float], phase_timeout_s: float, bin_dir: Path, save: Save) -> dict[str, Any]:
+def measure(
+    n: int, windows: tuple[float, float], phase_timeout_s: float, bin_dir: Path, save: Save, *, minimal_floor: bool
+) -> dict[str, Any]:
     # Every pod, one surge pod per deployment while all roll at once, the doomed namespace's pods.
     nodes = max(3, math.ceil((n * (REPLICAS + 1) + DOOMED + 10) / GPUS_PER_NODE))
     with tempfile.TemporaryDirectory(prefix="kvfleet-scale-") as tmp:
@@ -146,7 +152,12 @@ def measure(n: int, windows: tuple[float, float], phase_timeout_s: float, bin_di
             cluster = Cluster(plane, folder)
             result = asyncio.run(
                 scale_run(
-                    cluster, n, windows, phase_timeout_s, lambda r: save({**r, "gpu_nodes": nodes + SMALL_POOL[0]})
+                    cluster,
+                    n,
+                    windows,
+                    phase_timeout_s,
+                    lambda r: save({**r, "gpu_nodes": nodes + SMALL_POOL[0]}),
+                    minimal_floor,
                 )
             )
             result["gpu_nodes"] = nodes + SMALL_POOL[0]
@@ -171,6 +182,11 @@ def main(doc: str) -> None:
     parser.add_argument("--bin-dir", type=Path, help="the control plane's binaries (default: tools/k8s/build.sh)")
     parser.add_argument(
         "--in-process-only", action="store_true", help="only the autoscaler's tick and the router's pick (no cluster)"
+    )
+    parser.add_argument(
+        "--minimal-floor",
+        action="store_true",
+        help="also run the floor with bare one-container pods first (what the engine pod's size costs)",
     )
     parser.add_argument("--render-only", action="store_true", help="only write scale.md and scale.png from scale.json")
     parser.add_argument(
@@ -209,6 +225,7 @@ def main(doc: str) -> None:
             args.phase_timeout_s,
             bin_dir,
             lambda r, n=n: write(n, {**r, "partial": True}, draw=False),
+            minimal_floor=args.minimal_floor,
         )
         result["wall_s"] = round(time.monotonic() - t0, 1)
         write(n, result)
