@@ -3,7 +3,8 @@ change to all of them (what the kwok nodes and the Kubernetes controllers themse
 
 The pods are the engine pods kvfleet runs (``objects.plain_deployment``): the floor is then what
 the cluster costs for those pods, and the gap to kvfleet is kvfleet's own (its operator, children,
-status and watches). ``pods="minimal"`` runs the bare-pod floor of earlier runs beside it."""
+status and watches). ``pods="minimal"`` runs the bare-pod floor of earlier runs beside it;
+``children_floor`` the objects kvfleet creates without its processes."""
 
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ import asyncio
 import time
 from typing import Any
 
-from kvfleet.kube import KubeClient
+from kvfleet.contracts import DEPLOYMENT_LABEL
+from kvfleet.kube import KubeClient, Ref
+from kvfleet.operator.render import CHILD_KINDS, Owner, apply_waves, kind_of, render_children
+from kvfleet.operator.settings import OperatorSettings
+from kvfleet.spec import InferenceDeploymentSpec
 
 from .cluster import CpuMeter, create_all, list_all, wait_each
-from .objects import DEPLOYMENTS, PODS, deployment_ready, namespace_of, plain_deployment, summary
+from .objects import DEPLOYMENTS, PODS, REPLICAS, deployment_ready, infd, namespace_of, plain_deployment, summary
+
+CHILD_REFS = {k.kind: Ref(k.api_version, k.plural) for k in CHILD_KINDS}
 
 
 async def floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMeter, pods: str = "engine") -> dict[str, Any]:
@@ -52,5 +59,77 @@ async def floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMeter, pods: 
         await api.delete_object(DEPLOYMENTS, m["namespace"], m["name"])
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and await list_all(api, PODS, "app"):  # noqa: ASYNC110 (polls the server)
+        await asyncio.sleep(2)
+    return out
+
+
+async def children_floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMeter) -> dict[str, Any]:
+    """The objects without the processes: for N deployments, the children the operator renders (two
+    ConfigMaps, Service, Deployment, PodDisruptionBudget, ServiceMonitor) applied by this script in
+    the operator's two waves, with no operator, router or autoscaler running; then the change the
+    operator makes for a new spec (the spec ConfigMap and the Deployment's template). Against the
+    floor it is what kvfleet's objects cost the cluster; against kvfleet, what its processes
+    (reconciles, status, Events, watches) add."""
+    settings = OperatorSettings()
+    kids: list[list[dict]] = []
+    for i in range(n):
+        name, ns = f"kids-{i:04d}", namespace_of(i, n)
+        spec = InferenceDeploymentSpec.model_validate(infd(name, ns)["spec"])
+        kids.append(render_children(Owner(name, ns), spec, REPLICAS, settings, service_monitor=True))
+    engines = {(k[0]["metadata"]["namespace"], f"{k[0]['metadata']['labels'][DEPLOYMENT_LABEL]}-engine") for k in kids}
+    limit = asyncio.Semaphore(32)  # as the floor's creates
+    begun: dict[tuple[str, str], float] = {}
+
+    async def apply(children: list[dict]) -> None:
+        async with limit:
+            engine = next(c for c in children if c["kind"] == "Deployment")["metadata"]
+            begun[(engine["namespace"], engine["name"])] = time.monotonic()
+            for wave in apply_waves(children, kind_of):
+                await asyncio.gather(*(api.apply(CHILD_REFS[c["kind"]], c, field_manager="bench") for c in wave))
+
+    waits = asyncio.create_task(wait_each(api, DEPLOYMENTS, engines, deployment_ready, timeout_s))
+    await asyncio.sleep(2)  # the watch has listed
+    cpu.start()
+    t0 = time.monotonic()
+    await asyncio.gather(*(apply(c) for c in kids))
+    ready = await waits
+    out: dict[str, Any] = {
+        "create_to_ready": summary([ready[k] - begun[k] for k in ready]),
+        "total_s": round(max(ready.values(), default=t0) - t0, 1),
+        "timed_out": len(ready) < n,
+        "cpu_s": cpu.spent(),
+    }
+    generations = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d["metadata"].get("generation") or 0
+        for d in await list_all(api, DEPLOYMENTS)
+    }
+
+    def rolled(d: dict) -> bool:
+        m = d["metadata"]
+        return (m.get("generation") or 0) > generations.get((m["namespace"], m["name"]), 0) and deployment_ready(d)
+
+    async def change(children: list[dict]) -> None:
+        async with limit:
+            spec_map, deployment = children[0], next(c for c in children if c["kind"] == "Deployment")
+            spec_map["data"] = {**spec_map["data"], "changed": "2"}
+            deployment["spec"]["template"]["metadata"]["annotations"]["rev"] = "2"
+            await asyncio.gather(
+                *(api.apply(CHILD_REFS[c["kind"]], c, field_manager="bench") for c in (spec_map, deployment))
+            )
+
+    waits = asyncio.create_task(wait_each(api, DEPLOYMENTS, engines, rolled, timeout_s))
+    await asyncio.sleep(2)
+    cpu.start()
+    t1 = time.monotonic()
+    await asyncio.gather(*(change(c) for c in kids))
+    done = await waits
+    out["change_all_s"] = round(max(done.values(), default=t1) - t1, 1)
+    out["change_cpu_s"] = cpu.spent()
+    out["change_timed_out"] = len(done) < n
+    for children in kids:
+        for c in children:
+            await api.delete_object(CHILD_REFS[c["kind"]], c["metadata"]["namespace"], c["metadata"]["name"])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and await list_all(api, PODS, DEPLOYMENT_LABEL):  # noqa: ASYNC110 (polls the server)
         await asyncio.sleep(2)
     return out

@@ -73,28 +73,39 @@ def render(results: dict[str, Any]) -> str:
     legacy = [r["deployments"] for r in runs if r.get("floor") and (r["floor"].get("pods") or "minimal") == "minimal"]
     if legacy:
         lines += ["", f"Floor of bare pods in the table above (runs before the engine-pod floor): {legacy}."]
-    bare = [r for r in runs if (r.get("floor_minimal") or {}).get("create_to_ready")]
-    if bare:
+    extra = [r for r in runs if r.get("floor_minimal") or r.get("floor_children")]
+    if extra:
         lines += [
             "",
-            "The two floors measured in one run (`--minimal-floor`): bare one-container pods, then the engine",
-            "pods; what the engine pod's size (probes, volumes, security settings, spread) costs the cluster.",
+            "Floors side by side, where a run measured more than one: bare one-container pods",
+            "(`--minimal-floor`), the engine pods (the floor above), kvfleet's children (two ConfigMaps,",
+            "Service, Deployment, PDB, ServiceMonitor) applied by the bench with no kvfleet process running",
+            "(`--children-floor`: what the objects cost the cluster), and kvfleet. p99 is create (or apply)",
+            "to Ready; CPU seconds are every process's, for create-to-Ready + change-to-all.",
             "",
-            "| deployments | bare pods: p99 / change all (s), CPU s | engine pods: p99 / change all (s), CPU s "
-            "| engine / bare: p99, change |",
-            "|---|---|---|---|",
+            "| deployments | phase | p99 (s) | change all (s) | CPU s | p99, change vs engine-pod floor |",
+            "|---|---|---|---|---|---|",
         ]
-        for r in bare:
-            b, f = r["floor_minimal"], r.get("floor") or {}
-            bp99, fp99 = b["create_to_ready"].get("p99_s"), (f.get("create_to_ready") or {}).get("p99_s")
-            bch, fch = b.get("change_all_s"), f.get("change_all_s")
-            p99_ratio = f"{fp99 / bp99:.2f}x" if bp99 and fp99 else "-"
-            ch_ratio = f"{fch / bch:.2f}x" if bch and fch else "-"
-            lines.append(
-                f"| {r['deployments']} | {bp99} / {bch}, {(b.get('cpu_s') or {}).get('total')} + "
-                f"{(b.get('change_cpu_s') or {}).get('total')} | {fp99} / {fch}, {(f.get('cpu_s') or {}).get('total')}"
-                f" + {(f.get('change_cpu_s') or {}).get('total')} | {p99_ratio}, {ch_ratio} |"
-            )
+        for r in extra:
+            f, c = r.get("floor") or {}, r.get("change_all") or {}
+            fp99, fch = (f.get("create_to_ready") or {}).get("p99_s"), f.get("change_all_s")
+            rows = [
+                ("bare pods", r.get("floor_minimal")),
+                ("engine pods (the floor)", f),
+                ("kvfleet's children, no process", r.get("floor_children")),
+            ]
+            for name, ph in rows:
+                if not ph or not ph.get("create_to_ready"):
+                    continue
+                p99, ch = ph["create_to_ready"].get("p99_s"), ph.get("change_all_s")
+                cpu = f"{(ph.get('cpu_s') or {}).get('total')} + {(ph.get('change_cpu_s') or {}).get('total')}"
+                vs = f"{p99 / fp99:.2f}x, {ch / fch:.2f}x" if p99 and fp99 and ch and fch else "-"
+                lines.append(f"| {r['deployments']} | {name} | {p99} | {ch} | {cpu} | {vs} |")
+            a = r.get("apply") or {}
+            if a.get("p99_s") and c.get("total_s"):
+                cpu = f"{(a.get('cpu_s') or {}).get('total')} + {(c.get('cpu_s') or {}).get('total')}"
+                vs = f"{a['p99_s'] / fp99:.2f}x, {c['total_s'] / fch:.2f}x" if fp99 and fch else "-"
+                lines.append(f"| {r['deployments']} | kvfleet | {a['p99_s']} | {c['total_s']} | {cpu} | {vs} |")
     asked = [r for r in runs if (r.get("apply") or {}).get("operator_requests")]
     if asked:
         lines += ["", "The operator's requests while they were applied (audit log; invalid ones counted too):", ""]
@@ -134,10 +145,12 @@ def render(results: dict[str, Any]) -> str:
         ]
         for r in metered:
             f, a, c = r.get("floor") or {}, r["apply"], r.get("change_all") or {}
-            b = r.get("floor_minimal") or {}
+            b, k = r.get("floor_minimal") or {}, r.get("floor_children") or {}
             phases = (
                 ("floor of bare pods: create to Ready", b.get("cpu_s"), b.get("total_s")),
                 ("floor of bare pods: change to all", b.get("change_cpu_s"), b.get("change_all_s")),
+                ("kvfleet's children, no process: apply to Ready", k.get("cpu_s"), k.get("total_s")),
+                ("kvfleet's children, no process: change to all", k.get("change_cpu_s"), k.get("change_all_s")),
                 ("floor: create to Ready", f.get("cpu_s"), f.get("total_s")),
                 ("kvfleet: apply to Ready", a.get("cpu_s"), a.get("total_s")),
                 ("floor: change to all", f.get("change_cpu_s"), f.get("change_all_s")),

@@ -23,7 +23,7 @@ from .apply import apply_all, new_router
 from .bad_input import namespace_deleted, oversized
 from .change import change_all
 from .cluster import RELEASE_NS, Cluster, ScaleRun, components, until_healthy
-from .floor import floor
+from .floor import children_floor, floor
 from .in_process import autoscaler_tick, router_pick
 from .objects import (
     DOOMED,
@@ -65,8 +65,15 @@ async def timed(what: str, coro: Awaitable[Any], timeout_s: float) -> Any:
 
 
 async def scale_run(
-    cluster: Cluster, n: int, windows: tuple[float, float], phase_timeout_s: float, save: Save, minimal_floor: bool
+    cluster: Cluster,
+    n: int,
+    windows: tuple[float, float],
+    phase_timeout_s: float,
+    save: Save,
+    floors: tuple[bool, bool],
 ) -> dict[str, Any]:
+    """``floors``: also the bare-pod floor, also kvfleet's children without its processes."""
+    minimal_floor, children = floors
     window_s, baseline_window_s = windows
     result: dict[str, Any] = {"deployments": n, "pods": n * REPLICAS, "started": now_iso(), "loadavg": {}}
     result["commit"] = commit()
@@ -93,6 +100,10 @@ async def scale_run(
         result["loadavg"]["after_floor"] = loadavg()
 
         s.kc = cluster.install_chart_rbac()
+        if children:
+            print(f"[{n}] kvfleet's children of {n} deployments, applied with no kvfleet process", flush=True)
+            objects_only = children_floor(admin, n, phase_timeout_s, s.cpu_meter())
+            done("floor_children", await timed("children without processes", objects_only, phase_timeout_s * 3))
         s.procs = components(s.kc, cluster.folder, pick_free_port())
         for name in ("operator", "autoscaler", "router-0", "router-1"):
             s.procs[name].start()
@@ -123,7 +134,7 @@ async def scale_run(
 
 
 def measure(
-    n: int, windows: tuple[float, float], phase_timeout_s: float, bin_dir: Path, save: Save, *, minimal_floor: bool
+    n: int, windows: tuple[float, float], phase_timeout_s: float, bin_dir: Path, save: Save, floors: tuple[bool, bool]
 ) -> dict[str, Any]:
     # Every pod, one surge pod per deployment while all roll at once, the doomed namespace's pods.
     nodes = max(3, math.ceil((n * (REPLICAS + 1) + DOOMED + 10) / GPUS_PER_NODE))
@@ -157,7 +168,7 @@ def measure(
                     windows,
                     phase_timeout_s,
                     lambda r: save({**r, "gpu_nodes": nodes + SMALL_POOL[0]}),
-                    minimal_floor,
+                    floors,
                 )
             )
             result["gpu_nodes"] = nodes + SMALL_POOL[0]
@@ -187,6 +198,11 @@ def main(doc: str) -> None:
         "--minimal-floor",
         action="store_true",
         help="also run the floor with bare one-container pods first (what the engine pod's size costs)",
+    )
+    parser.add_argument(
+        "--children-floor",
+        action="store_true",
+        help="also apply kvfleet's children with no kvfleet process running (what its objects cost the cluster)",
     )
     parser.add_argument("--render-only", action="store_true", help="only write scale.md and scale.png from scale.json")
     parser.add_argument(
@@ -225,7 +241,7 @@ def main(doc: str) -> None:
             args.phase_timeout_s,
             bin_dir,
             lambda r, n=n: write(n, {**r, "partial": True}, draw=False),
-            minimal_floor=args.minimal_floor,
+            (args.minimal_floor, args.children_floor),
         )
         result["wall_s"] = round(time.monotonic() - t0, 1)
         write(n, result)
