@@ -62,6 +62,22 @@ def test_the_router_reaches_the_autoscaler_by_its_service_name(real_node: RealNo
         "except urllib.error.HTTPError as e:\n"
         "    print(e.code)\n"
     )
-    out = kubectl("exec", "-n", NAMESPACE, router["metadata"]["name"], "--", "python", "-c", probe, url)
+    exec_probe = ("exec", "-n", NAMESPACE, router["metadata"]["name"], "--", "python", "-c", probe, url)
+
+    refused: list[str] = []
+
+    def answered() -> str | None:
+        # Refused until kube-proxy has programmed the Service's endpoints, which trails the
+        # autoscaler's Deployment turning Available (a CI run here was refused right after).
+        result = kubectl.run(*exec_probe)
+        if result.returncode == 0:
+            return result.stdout
+        refused[:] = [result.stderr[-2000:]]
+        return None
+
+    try:
+        out = wait_for(answered, 60, "the autoscaler's Service from the router's pod")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the probe's last error: {refused}") from None
     health, wake = out.split()
     assert health == "200" and wake in ("401", "403"), out
