@@ -16,10 +16,18 @@ from kvfleet.contracts import DEPLOYMENT_LABEL
 from kvfleet.kube import KubeClient, Ref
 from kvfleet.operator.render import CHILD_KINDS, Owner, apply_waves, kind_of, render_children
 from kvfleet.operator.settings import OperatorSettings
-from kvfleet.spec import InferenceDeploymentSpec
 
 from .cluster import CpuMeter, create_all, list_all, wait_each
-from .objects import DEPLOYMENTS, PODS, REPLICAS, deployment_ready, infd, namespace_of, plain_deployment, summary
+from .objects import (
+    DEPLOYMENTS,
+    PODS,
+    REPLICAS,
+    deployment_ready,
+    engine_spec,
+    namespace_of,
+    plain_deployment,
+    summary,
+)
 
 CHILD_REFS = {k.kind: Ref(k.api_version, k.plural) for k in CHILD_KINDS}
 
@@ -71,27 +79,27 @@ async def children_floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMete
     floor it is what kvfleet's objects cost the cluster; against kvfleet, what its processes
     (reconciles, status, Events, watches) add."""
     settings = OperatorSettings()
-    kids: list[list[dict]] = []
+    kids: dict[tuple[str, str], list[dict]] = {}  # engine Deployment (namespace, name) -> every child
     for i in range(n):
         name, ns = f"kids-{i:04d}", namespace_of(i, n)
-        spec = InferenceDeploymentSpec.model_validate(infd(name, ns)["spec"])
-        kids.append(render_children(Owner(name, ns), spec, REPLICAS, settings, service_monitor=True))
-    engines = {(k[0]["metadata"]["namespace"], f"{k[0]['metadata']['labels'][DEPLOYMENT_LABEL]}-engine") for k in kids}
+        children = render_children(Owner(name, ns), engine_spec(name, ns), REPLICAS, settings, service_monitor=True)
+        engine = next(c for c in children if c["kind"] == "Deployment")["metadata"]
+        kids[(engine["namespace"], engine["name"])] = children
+    engines = set(kids)
     limit = asyncio.Semaphore(32)  # as the floor's creates
     begun: dict[tuple[str, str], float] = {}
 
-    async def apply(children: list[dict]) -> None:
+    async def apply(key: tuple[str, str]) -> None:
         async with limit:
-            engine = next(c for c in children if c["kind"] == "Deployment")["metadata"]
-            begun[(engine["namespace"], engine["name"])] = time.monotonic()
-            for wave in apply_waves(children, kind_of):
+            begun[key] = time.monotonic()
+            for wave in apply_waves(kids[key], kind_of):
                 await asyncio.gather(*(api.apply(CHILD_REFS[c["kind"]], c, field_manager="bench") for c in wave))
 
     waits = asyncio.create_task(wait_each(api, DEPLOYMENTS, engines, deployment_ready, timeout_s))
     await asyncio.sleep(2)  # the watch has listed
     cpu.start()
     t0 = time.monotonic()
-    await asyncio.gather(*(apply(c) for c in kids))
+    await asyncio.gather(*(apply(key) for key in kids))
     ready = await waits
     out: dict[str, Any] = {
         "create_to_ready": summary([ready[k] - begun[k] for k in ready]),
@@ -121,12 +129,12 @@ async def children_floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMete
     await asyncio.sleep(2)
     cpu.start()
     t1 = time.monotonic()
-    await asyncio.gather(*(change(c) for c in kids))
+    await asyncio.gather(*(change(c) for c in kids.values()))
     done = await waits
     out["change_all_s"] = round(max(done.values(), default=t1) - t1, 1)
     out["change_cpu_s"] = cpu.spent()
     out["change_timed_out"] = len(done) < n
-    for children in kids:
+    for children in kids.values():
         for c in children:
             await api.delete_object(CHILD_REFS[c["kind"]], c["metadata"]["namespace"], c["metadata"]["name"])
     deadline = time.monotonic() + timeout_s

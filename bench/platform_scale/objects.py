@@ -57,6 +57,16 @@ def infd(name: str, ns: str, *, replicas: int = REPLICAS, invalid: bool = False,
     return inference_deployment(name, ns, replicas=replicas, gpu_product=product or BIG_PRODUCT, invalid=invalid)
 
 
+def engine_spec(name: str, ns: str) -> InferenceDeploymentSpec:
+    """The spec of ``infd(name, ns)``, as the operator reads it."""
+    return InferenceDeploymentSpec.model_validate(infd(name, ns)["spec"])
+
+
+def engine_deployment(name: str, ns: str) -> dict[str, Any]:
+    """The engine Deployment the operator renders for ``infd(name, ns)`` (no owner)."""
+    return render_deployment(Owner(name, ns), engine_spec(name, ns), REPLICAS, OperatorSettings())
+
+
 FLOOR_PODS = ("engine", "minimal")
 """What the floor's pods are: ``engine``, the pods kvfleet's engine Deployment runs (the floor the
 goals are read against); ``minimal``, one container with only its GPU limit (the floor before,
@@ -74,8 +84,7 @@ def plain_deployment(name: str, ns: str, pods: str = "engine") -> dict:
         raise ValueError(f"pods must be one of {FLOOR_PODS}, got {pods!r}")
     labels = {"app": name}
     if pods == "engine":
-        spec = InferenceDeploymentSpec.model_validate(infd(name, ns)["spec"])
-        engine = render_deployment(Owner(name, ns), spec, REPLICAS, OperatorSettings())
+        engine = engine_deployment(name, ns)
         template = engine["spec"]["template"]
         template["metadata"]["labels"] = labels
         for spread in template["spec"].get("topologySpreadConstraints") or []:
