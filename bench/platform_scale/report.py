@@ -383,13 +383,16 @@ WHY = [
     "  CPU seconds of every process, a Service 10.5, a PDB 11.5, a ServiceMonitor 7.1; the client's",
     "  own share of a request is ~1.5 ms of CPU (httpx), the API server's ~2.2 ms. The operator's own",
     "  CPU is the largest part of the gap (56 of 171 s; the client side of its ~10,500 requests ~16 s",
-    "  of it); the rest is spread over many small parts.",
+    "  of it); the rest is spread over many small parts. A second run at 1,000 right after (7db251b,",
+    "  the same code; its figures in scale-1000-repeat.json): the floor 59 s p99, kvfleet 124 s, 65.5 s over",
+    "  (262 CPU seconds against 127): the spread between runs is about the 6-16 s still missing.",
     "- **A change to all within 3x the floor**: met at every scale against the engine-pod floor: 2.4x",
     "  at 1,000 (563 s against 231 s), 1.9x at 300, 2.3x at 100. Every new template was applied within",
     "  89 s (47 s p50), status said Complete 1.2 s p50 and 3.0 s p99 after each engine Deployment",
     "  rolled, and kvfleet asked 9.0 requests a deployment. The controllers took 489 s p50 to roll",
     "  each engine Deployment: the phase cost 1,110 CPU seconds against the floor's 457 (operator 153,",
-    "  routers 78, kwok 171 against 33).",
+    "  routers 78, kwok 171 against 33). The second run at 1,000: 398 s against 216 s, 1.84x (kwok 38",
+    "  CPU seconds there: its 171 here is this run's alone).",
     "- **Operator RSS within 500 MB**: met at 1,000 (221 MB peak): the watches keep no object's",
     "  managedFields and no pod's spec, and kopf keeps no per-object handler state. The rest is",
     "  ~9,000 cached objects (1,100 InferenceDeployments, 6,000 children, 3,000 pods).",
@@ -408,6 +411,7 @@ WHY = [
     "  ~5 minutes together; they run at 10, 100 and 300. The engine-pod floor took ~90 s more than the",
     "  bare one. The operator restarted acted on a change after 13.0 s, a namespace with 50",
     "  deployments was gone in 11.4 s, 100 invalid specs were Degraded with their Event in 14.6 s p99.",
+    "  The second run at 1,000 took 1,598 s (26.6 minutes).",
 ]
 
 
