@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from .audit import audit_entries, by_code, component_of, peak_per_second
-from .cluster import ScaleRun, list_all, wait_each
+from .cluster import ScaleRun, newer_than_now, wait_each
 from .objects import DEPLOYMENTS, INFD, deployment_ready, infd_rolled, loadavg, now_iso, summary
 
 
@@ -23,14 +23,7 @@ async def change_all(s: ScaleRun) -> dict[str, Any]:
     procs = s.procs
     # The engine Deployments' generations before: one past it is the operator's new template.
     engines = {(ns, f"{name}-engine"): (ns, name) for ns, name in s.valid}
-    before = {
-        (d["metadata"]["namespace"], d["metadata"]["name"]): d["metadata"].get("generation") or 0
-        for d in await list_all(s.admin, DEPLOYMENTS)
-    }
-
-    def templated(d: dict) -> bool:
-        m = d["metadata"]
-        return (m.get("generation") or 0) > before.get((m["namespace"], m["name"]), 0)
+    templated = await newer_than_now(s.admin, DEPLOYMENTS)
 
     # Beside the InferenceDeployments, their engine Deployments: when the operator applied the new
     # template, and when the controllers had rolled it. The first is the operator's share, the

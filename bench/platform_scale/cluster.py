@@ -276,6 +276,28 @@ async def list_all(api: KubeClient, ref: Ref, selector: str = "") -> list[dict]:
         params["continue"] = cont
 
 
+async def newer_than_now(api: KubeClient, ref: Ref) -> Callable[[dict], bool]:
+    """A predicate: the object's generation is past the one it has now (its spec changed since;
+    one that does not exist now counts from 0)."""
+    before = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d["metadata"].get("generation") or 0
+        for d in await list_all(api, ref)
+    }
+
+    def newer(d: dict) -> bool:
+        m = d["metadata"]
+        return (m.get("generation") or 0) > before.get((m["namespace"], m["name"]), 0)
+
+    return newer
+
+
+async def until_no_pods(api: KubeClient, selector: str, timeout_s: float) -> None:
+    """Poll until no pod matches ``selector`` (a deleted set's garbage collected), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and await list_all(api, Ref("v1", "pods"), selector):  # noqa: ASYNC110 (polls the server)
+        await asyncio.sleep(2)
+
+
 async def wait_each(
     api: KubeClient,
     ref: Ref,

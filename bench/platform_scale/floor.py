@@ -17,10 +17,9 @@ from kvfleet.kube import KubeClient, Ref
 from kvfleet.operator.render import CHILD_KINDS, Owner, apply_waves, kind_of, render_children
 from kvfleet.operator.settings import OperatorSettings
 
-from .cluster import CpuMeter, create_all, list_all, wait_each
+from .cluster import CpuMeter, create_all, newer_than_now, until_no_pods, wait_each
 from .objects import (
     DEPLOYMENTS,
-    PODS,
     REPLICAS,
     deployment_ready,
     engine_spec,
@@ -65,9 +64,7 @@ async def floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMeter, pods: 
     for d in docs:
         m = d["metadata"]
         await api.delete_object(DEPLOYMENTS, m["namespace"], m["name"])
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and await list_all(api, PODS, "app"):  # noqa: ASYNC110 (polls the server)
-        await asyncio.sleep(2)
+    await until_no_pods(api, "app", timeout_s)
     return out
 
 
@@ -107,14 +104,7 @@ async def children_floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMete
         "timed_out": len(ready) < n,
         "cpu_s": cpu.spent(),
     }
-    generations = {
-        (d["metadata"]["namespace"], d["metadata"]["name"]): d["metadata"].get("generation") or 0
-        for d in await list_all(api, DEPLOYMENTS)
-    }
-
-    def rolled(d: dict) -> bool:
-        m = d["metadata"]
-        return (m.get("generation") or 0) > generations.get((m["namespace"], m["name"]), 0) and deployment_ready(d)
+    templated = await newer_than_now(api, DEPLOYMENTS)
 
     async def change(children: list[dict]) -> None:
         async with limit:
@@ -125,7 +115,9 @@ async def children_floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMete
                 *(api.apply(CHILD_REFS[c["kind"]], c, field_manager="bench") for c in (spec_map, deployment))
             )
 
-    waits = asyncio.create_task(wait_each(api, DEPLOYMENTS, engines, rolled, timeout_s))
+    waits = asyncio.create_task(
+        wait_each(api, DEPLOYMENTS, engines, lambda d: templated(d) and deployment_ready(d), timeout_s)
+    )
     await asyncio.sleep(2)
     cpu.start()
     t1 = time.monotonic()
@@ -137,7 +129,5 @@ async def children_floor(api: KubeClient, n: int, timeout_s: float, cpu: CpuMete
     for children in kids.values():
         for c in children:
             await api.delete_object(CHILD_REFS[c["kind"]], c["metadata"]["namespace"], c["metadata"]["name"])
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and await list_all(api, PODS, DEPLOYMENT_LABEL):  # noqa: ASYNC110 (polls the server)
-        await asyncio.sleep(2)
+    await until_no_pods(api, DEPLOYMENT_LABEL, timeout_s)
     return out
