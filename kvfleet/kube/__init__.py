@@ -4,14 +4,16 @@
   account, kubeconfig contexts, tokens, ``tokenFile``, exec plugins, client certificates, TLS).
 - ``errors``: the one error tree (``KubeError`` and its kinds), mapped once from an HTTP answer;
   its docstring decides 401, 409 and 5xx for every caller.
-- ``client``: ``KubeClient``, one kept connection pool per process (lightkube builds the HTTP
-  client): requests by path, the verbs by resource type (``Ref``: get, list, server-side apply,
-  status patch, delete, discovery), watch streams.
+- ``client``: ``KubeClient``, one kept aiohttp connection pool per process (lightkube's TLS
+  settings; ``credentials`` drives lightkube's auth flow for its header): requests by path, the
+  verbs by resource type (``Ref``: get, list, server-side apply, status patch, delete, discovery),
+  watch streams.
 - ``ref``: ``Ref``, a resource type's apiVersion and plural, and the paths it gives (pure).
 - ``watch``: ``ResourceWatch``, list once then watch with resourceVersion resume and bookmarks;
   410 Gone relists, every other failure resumes from the last version after a jittered back-off.
   Consumers get one call per changed object, never the whole store.
 - ``backoff``: jittered exponential back-off that honours ``Retry-After`` (pure).
+- ``credentials``: the ``Authorization`` header from lightkube's auth flow, renewed on a 401.
 - ``kopf_login``: the operator's kopf login, built from the same ``config`` (one credentials source).
 
 kopf keeps its own internal client for what kopf does itself (its watches, peering, finalizers,

@@ -1,46 +1,53 @@
-"""``KubeClient``: one kept HTTP connection pool to the API server, configured by lightkube; the one
-client of the operator, the router and the autoscaler.
+"""``KubeClient``: one kept HTTP connection pool to the API server; the one client of the operator,
+the router and the autoscaler.
 
 lightkube does what must not be hand-written: kubeconfig contexts and in-cluster service accounts,
 bearer tokens, ``tokenFile`` (re-read on a 401, so rotated service-account tokens are picked up),
-exec plugins, client certificates and TLS verification, and the pooled async HTTP client itself.
-This module adds only paths, JSON in and out, the verbs the components use, and the mapping of
-every failure onto ``kvfleet.kube.errors`` (once, here): the status code, the API server's reason
-and message and its ``Retry-After`` travel in the ``KubeError``.
+exec plugins, client certificates and TLS verification (``credentials.py`` drives its auth flow).
+aiohttp carries the requests: the library kopf itself talks to the API server with. This module
+adds only paths, JSON in and out, the verbs the components use, and the mapping of every failure
+onto ``kvfleet.kube.errors`` (once, here): the status code, the API server's reason and message and
+its ``Retry-After`` travel in the ``KubeError``.
+
+Why aiohttp and not lightkube's own httpx client: httpx spent ~2.5 ms of CPU on each request where
+aiohttp spends ~0.25 ms (bench/kube_client.py; its pool checks every kept connection, a system call
+each, on every request and every response), and at 1,000 deployments the operator sends ~10,000
+requests in an apply, on the same cores as the API server it waits for (docs/benchmarks/scale.md).
 
 Why requests by path rather than lightkube's typed ``get``/``watch``: every component reads and
 writes objects as plain JSON (pydantic validates the spec; the operator renders its children as
 dicts and server-side applies them), and lightkube's ``watch`` cannot
 ask for bookmarks (``allowWatchBookmarks``), retries without back-off, and reports an HTTP-level
-410 or 429 as a bare ``HTTPStatusError``; ``kvfleet.kube.watch`` does those over ``stream``.
+410 or 429 as a bare ``HTTPStatusError``; ``kvfleet.kube.watch`` does those over ``stream_events``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import httpx2
-from lightkube.config.client_adapter import ConnectionParams
+import aiohttp
+from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ConfigError
 
 from kvfleet.kube.backoff import parse_retry_after
 from kvfleet.kube.config import load_config, server_config
+from kvfleet.kube.credentials import UNAUTHORIZED, Credentials
 from kvfleet.kube.errors import KubeError, KubeNotFound, KubeUnavailable, KubeUnreachable, error_for
 from kvfleet.kube.ref import Ref, group_path
-
-# httpx2 logs every request at INFO: a Lease renewal every 2 s would bury the log. Failures still
-# surface, as this module's KubeError, where the caller logs them with what they mean.
-logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML, so the body is JSON
-KEEPALIVE_S = 30.0  # an idle connection is closed after this (httpx: 5 s, a reconnect after every lull)
+KEEPALIVE_S = 30.0  # an idle connection is closed after this (aiohttp: 15 s, a reconnect after a lull)
+ERROR_BODY_BYTES = 4096  # of an error answer, read for its message
+# What a request fails with when no answer came (timeouts are OSError, TLS errors too).
+NO_ANSWER = (aiohttp.ClientError, ConfigError, OSError)
+# ... and when not even a connection was made.
+NO_CONNECTION = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 class KubeClient:
@@ -57,9 +64,9 @@ class KubeClient:
         max_connections: int = 64,
     ) -> None:
         """``max_connections``: the pool's bound, watches included; every connection is kept alive
-        (httpx keeps 20 by default: the operator's bursts of ~50 requests in flight closed and
-        reopened connections all through an apply of 1,000 deployments, a TLS handshake each on
-        both ends); a request beyond the bound waits for a free connection."""
+        (a pool that keeps fewer, as httpx's 20 did, closed and reopened connections all through the
+        operator's bursts of ~50 requests in flight in an apply of 1,000 deployments, a TLS
+        handshake each on both ends); a request beyond the bound waits for a free connection."""
         if not 0 < timeout_s <= 600:
             raise ValueError(f"timeout_s must be in (0, 600], got {timeout_s}")
         if not 0 < connect_timeout_s <= 300:
@@ -74,7 +81,8 @@ class KubeClient:
         self.connect_timeout_s = connect_timeout_s
         self.max_event_bytes = max_event_bytes
         self._user_agent = user_agent
-        self._http: httpx2.AsyncClient | None = None
+        self._credentials = Credentials(config)
+        self._http: aiohttp.ClientSession | None = None
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None, context: str | None = None, **kw: Any) -> KubeClient:
@@ -88,23 +96,81 @@ class KubeClient:
     def server(self) -> str:
         return str(self.config.cluster.server).rstrip("/")
 
-    def _client(self) -> httpx2.AsyncClient:
+    def _timeout(self, read_s: float) -> aiohttp.ClientTimeout:
+        """No bound on the whole request (a watch lasts minutes); each step has one: a free
+        connection and a connection made within ``timeout_s``, a TCP/TLS connect within
+        ``connect_timeout_s``, and no silence longer than ``read_s`` while the answer comes."""
+        return aiohttp.ClientTimeout(
+            total=None,
+            connect=self.timeout_s,
+            sock_connect=min(self.connect_timeout_s, self.timeout_s),
+            sock_read=read_s,
+        )
+
+    def _client(self) -> aiohttp.ClientSession:
         if self._http is None:
-            timeout = httpx2.Timeout(self.timeout_s, connect=min(self.connect_timeout_s, self.timeout_s))
             try:
-                # lightkube's parameters (TLS, credentials, base URL), with the pool's limits added.
-                params = ConnectionParams(timeout=timeout).httpx_params(self.config)
-                limits = httpx2.Limits(
-                    max_connections=self.max_connections,
-                    max_keepalive_connections=self.max_connections,
-                    keepalive_expiry=KEEPALIVE_S,
-                )
-                self._http = httpx2.AsyncClient(**params, limits=limits)
+                # lightkube's TLS settings: the cluster's CA (or none, when insecure), the client certificate.
+                tls: ssl.SSLContext | bool = False
+                if self.server.startswith("https:"):
+                    tls = (
+                        verify_cluster(self.config.cluster, self.config.user, self.config.abs_file)
+                        if self.config.user is not None
+                        else ssl.create_default_context()
+                    )
             except (ConfigError, OSError, ssl.SSLError) as e:
                 raise KubeUnavailable(f"cannot set up a client for {self.server}: {e}") from e
-            self._http.headers["User-Agent"] = self._user_agent
-            self._http.headers["Accept"] = JSON
+            connector = aiohttp.TCPConnector(
+                ssl=tls, limit=self.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+            )
+            self._http = aiohttp.ClientSession(
+                connector=connector,
+                headers={"User-Agent": self._user_agent, "Accept": JSON},
+                timeout=self._timeout(self.timeout_s),
+                trust_env=True,  # HTTPS_PROXY and NO_PROXY, as lightkube's client honoured them
+            )
         return self._http
+
+    async def _open(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None,
+        content: bytes | None,
+        headers: Mapping[str, str],
+        read_s: float,
+    ) -> aiohttp.ClientResponse:
+        """The answer's head (its body still to read; the caller releases it), sent once more with
+        renewed credentials after a 401 when the credentials can be renewed."""
+        header = await self._credentials.header()
+        response = await self._send(method, path, params, content, headers, header, read_s)
+        if response.status == UNAUTHORIZED and header is not None:
+            fresh = await self._credentials.refreshed(header)
+            if fresh is not None:
+                response.release()
+                response = await self._send(method, path, params, content, headers, fresh, read_s)
+        return response
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        content: bytes | None,
+        headers: Mapping[str, str],
+        authorization: str | None,
+        read_s: float,
+    ) -> aiohttp.ClientResponse:
+        sent = {**headers, "Authorization": authorization} if authorization else dict(headers)
+        return await self._client().request(
+            method,
+            self.server + path,
+            params=dict(params or {}),
+            data=content,
+            headers=sent,
+            timeout=self._timeout(read_s),
+        )
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -114,7 +180,7 @@ class KubeClient:
 
     async def close(self) -> None:
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
             self._http = None
 
     async def request(
@@ -126,23 +192,28 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         content_type: str = JSON,
     ) -> dict[str, Any]:
-        headers = {"Content-Type": content_type} if body is not None else None
+        headers = {"Content-Type": content_type} if body is not None else {}
         content = json.dumps(body).encode() if body is not None else None
         where = f"{method} {path}"
         try:
-            response = await self._client().request(
-                method, path, params=dict(params or {}), content=content, headers=headers
+            response = await self._open(
+                method, path, params=params, content=content, headers=headers, read_s=self.timeout_s
             )
-        except (httpx2.HTTPError, ConfigError, OSError, ssl.SSLError) as e:
+            async with response:
+                raw = await response.read()
+        except KubeError:
+            raise
+        except NO_ANSWER as e:
             raise KubeUnavailable(f"{where}: {type(e).__name__}: {e}") from e
-        if response.status_code >= 400:
-            raise self._status_error(where, response.status_code, response.text, response.headers)
+        if response.status >= 400:
+            text = raw[:ERROR_BODY_BYTES].decode(errors="replace")
+            raise self._status_error(where, response.status, text, response.headers)
         try:
-            result = response.json() if response.content else {}
+            result = json.loads(raw) if raw else {}
         except ValueError as e:
-            raise KubeError(f"{where}: response is not JSON", response.status_code) from e
+            raise KubeError(f"{where}: response is not JSON", response.status) from e
         if not isinstance(result, dict):
-            raise KubeError(f"{where}: response is not a JSON object", response.status_code)
+            raise KubeError(f"{where}: response is not a JSON object", response.status)
         return result
 
     @staticmethod
@@ -232,16 +303,14 @@ class KubeClient:
         stream. Raises ``KubeError`` for an error status, a broken stream, or a line over
         ``max_event_bytes`` (a bound on what one event may cost in memory)."""
         where = f"watch {path}"
-        timeout = httpx2.Timeout(
-            self.timeout_s, connect=min(self.connect_timeout_s, self.timeout_s), read=read_timeout_s
-        )
         try:
-            async with self._client().stream("GET", path, params=dict(params), timeout=timeout) as response:
-                if response.status_code != 200:
-                    text = (await response.aread())[:4096].decode(errors="replace")
-                    raise self._status_error(where, response.status_code, text, response.headers)
+            response = await self._open("GET", path, params=params, content=None, headers={}, read_s=read_timeout_s)
+            async with response:
+                if response.status != 200:
+                    text = (await _head(response, ERROR_BODY_BYTES)).decode(errors="replace")
+                    raise self._status_error(where, response.status, text, response.headers)
                 buffer = bytearray()
-                async for chunk in response.aiter_bytes():
+                async for chunk in response.content.iter_any():
                     buffer += chunk
                     while (end := buffer.find(b"\n")) >= 0:
                         line = bytes(buffer[:end])
@@ -256,7 +325,15 @@ class KubeClient:
             raise
         except ValueError as e:
             raise KubeError(f"{where}: an event that is not JSON: {e}") from e
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:
+        except NO_CONNECTION as e:
             raise KubeUnreachable(f"{where}: {type(e).__name__}: {e}") from e
-        except (httpx2.HTTPError, ConfigError, OSError, ssl.SSLError) as e:
+        except NO_ANSWER as e:
             raise KubeUnavailable(f"{where}: {type(e).__name__}: {e}") from e
+
+
+async def _head(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """Up to ``limit`` bytes of an answer's body (an error's message; the rest is not read)."""
+    head = bytearray()
+    while len(head) < limit and (chunk := await response.content.read(limit - len(head))):
+        head += chunk
+    return bytes(head)

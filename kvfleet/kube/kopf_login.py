@@ -13,31 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import httpx2
 import kopf
-from lightkube.config.client_adapter import user_auth
 from lightkube.config.kubeconfig import SingleConfig
-from lightkube.core.exceptions import ConfigError
 
+from kvfleet.kube.credentials import authorization_header
 from kvfleet.kube.errors import KubeError
-
-
-async def authorization_header(config: SingleConfig) -> str | None:
-    """The ``Authorization`` header lightkube's auth for ``config.user`` puts on a first request."""
-    if config.user is None:
-        return None
-    try:
-        auth = user_auth(config.user)
-        if auth is None:
-            return None
-        flow = auth.async_auth_flow(httpx2.Request("GET", config.cluster.server))
-        try:
-            request = await flow.__anext__()
-        finally:
-            await flow.aclose()
-    except (ConfigError, OSError, ValueError, KeyError) as e:
-        raise KubeError(f"credentials for {config.cluster.server}: {e}") from e
-    return request.headers.get("Authorization")
 
 
 async def connection_info(config: SingleConfig, *, trust_env: bool = False) -> kopf.ConnectionInfo:

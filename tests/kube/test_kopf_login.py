@@ -10,8 +10,8 @@ from typing import Any
 
 import kopf
 import pytest
-import yaml
 from click.testing import CliRunner
+from support.kubeconfig import write_kubeconfig
 from support.watch_api import WatchApi
 
 from kvfleet.cli import cli
@@ -24,20 +24,6 @@ EXEC_CREDENTIAL = {
     "kind": "ExecCredential",
     "status": {"token": "from-the-plugin"},
 }
-
-
-def write_kubeconfig(folder: Path, server: str, user: dict[str, Any], cluster: dict[str, Any] | None = None) -> Path:
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server, **(cluster or {})}}],
-        "users": [{"name": "u", "user": user}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "team"}}],
-        "current-context": "x",
-    }
-    path = folder / "kubeconfig"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 USERS: dict[str, dict[str, Any]] = {

@@ -162,7 +162,7 @@ async def test_unreachable_api_server_fails_start_with_a_reason(free_port: int) 
     source = KubernetesReplicaSource(
         KubeClient.for_server(f"http://127.0.0.1:{free_port}", timeout_s=2), start_attempts=2, backoff_base_s=0.05
     )
-    with pytest.raises(Exception, match=r"GET /apis/kvfleet\.io/.*ConnectError"):
+    with pytest.raises(Exception, match=r"GET /apis/kvfleet\.io/.*Cannot connect to host"):
         await source.start(Recorder())
     await source.stop()
 
