@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
+import yarl
+from aiohttp.helpers import get_env_proxy_for_url
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ConfigError
@@ -83,6 +85,7 @@ class KubeClient:
         self._user_agent = user_agent
         self._credentials = Credentials(config)
         self._http: aiohttp.ClientSession | None = None
+        self._proxy: tuple[yarl.URL | None, aiohttp.BasicAuth | None] = (None, None)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None, context: str | None = None, **kw: Any) -> KubeClient:
@@ -123,11 +126,13 @@ class KubeClient:
             connector = aiohttp.TCPConnector(
                 ssl=tls, limit=self.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
             )
+            # trust_env stays off: aiohttp would then read the environment and ~/.netrc in a thread
+            # on every request (two thread hand-offs each); the proxy is looked up once instead.
+            self._proxy = env_proxy(self.server)
             self._http = aiohttp.ClientSession(
                 connector=connector,
                 headers={"User-Agent": self._user_agent, "Accept": JSON},
                 timeout=self._timeout(self.timeout_s),
-                trust_env=True,  # HTTPS_PROXY and NO_PROXY, as lightkube's client honoured them
             )
         return self._http
 
@@ -170,6 +175,8 @@ class KubeClient:
             data=content,
             headers=sent,
             timeout=self._timeout(read_s),
+            proxy=self._proxy[0],
+            proxy_auth=self._proxy[1],
         )
 
     async def __aenter__(self) -> KubeClient:
@@ -337,3 +344,13 @@ async def _head(response: aiohttp.ClientResponse, limit: int) -> bytes:
     while len(head) < limit and (chunk := await response.content.read(limit - len(head))):
         head += chunk
     return bytes(head)
+
+
+def env_proxy(server: str) -> tuple[yarl.URL | None, aiohttp.BasicAuth | None]:
+    """The proxy the environment names for the API server (``HTTPS_PROXY`` or ``HTTP_PROXY`` by the
+    server's scheme, unless ``NO_PROXY`` covers its host), as lightkube's client honoured them;
+    aiohttp's own lookup, run once."""
+    try:
+        return get_env_proxy_for_url(yarl.URL(server))
+    except LookupError:
+        return None, None

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from kvfleet.kube import KubeClient
+from kvfleet.kube.client import env_proxy
 
 BURST = 40
 
@@ -64,3 +65,19 @@ async def test_a_second_burst_reuses_every_connection() -> None:
 def test_the_pool_bound_is_checked() -> None:
     with pytest.raises(ValueError, match="max_connections"):
         KubeClient.for_server("http://127.0.0.1:1", max_connections=0)
+
+
+def test_the_proxy_comes_from_the_environment_unless_no_proxy_covers_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Looked up once per client (aiohttp's trust_env would read it, and ~/.netrc, on every request).
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert env_proxy("https://10.0.0.1:6443") == (None, None)
+    monkeypatch.setenv("HTTPS_PROXY", "http://user:secret@proxy.internal:3128")
+    proxy, auth = env_proxy("https://10.0.0.1:6443")
+    assert str(proxy) == "http://proxy.internal:3128" and auth is not None and auth.login == "user"
+    assert env_proxy("http://10.0.0.1:8080") == (None, None)  # no HTTP_PROXY for a plain-HTTP server
+    monkeypatch.setenv("NO_PROXY", "10.0.0.1,.svc")
+    assert env_proxy("https://10.0.0.1:6443") == (None, None)
+    assert env_proxy("https://kubernetes.default.svc:443") == (None, None)
