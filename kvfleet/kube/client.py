@@ -9,10 +9,11 @@ adds only paths, JSON in and out, the verbs the components use, and the mapping 
 onto ``kvfleet.kube.errors`` (once, here): the status code, the API server's reason and message and
 its ``Retry-After`` travel in the ``KubeError``.
 
-Why aiohttp and not lightkube's own httpx client: httpx spent ~2.5 ms of CPU on each request where
-aiohttp spends ~0.25 ms (bench/kube_client.py; its pool checks every kept connection, a system call
-each, on every request and every response), and at 1,000 deployments the operator sends ~10,000
-requests in an apply, on the same cores as the API server it waits for (docs/benchmarks/scale.md).
+Why aiohttp and not lightkube's own httpx client: httpx spent ~3.7 ms of client CPU on each
+server-side apply where aiohttp spends ~0.6 ms (bench/kube_transport.py; httpx's pool checks every
+kept connection, a system call each, on every request and every response), and at 1,000
+deployments the operator sends ~10,000 requests in an apply, on the same cores as the API server it
+waits for (docs/benchmarks/scale.md).
 
 Why requests by path rather than lightkube's typed ``get``/``watch``: every component reads and
 writes objects as plain JSON (pydantic validates the spec; the operator renders its children as
