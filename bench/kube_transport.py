@@ -41,7 +41,7 @@ from lightkube.config.client_adapter import ConnectionParams
 from kvfleet.devcluster.binaries import ensure_binaries
 from kvfleet.devcluster.controlplane import ClusterSettings, ControlPlane
 from kvfleet.kube import KubeClient, Ref
-from kvfleet.kube.client import APPLY_PATCH, KEEPALIVE_S
+from kvfleet.kube.client import APPLY_PATCH, KEEPALIVE_S, json_lines
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "benchmarks"
@@ -88,14 +88,8 @@ class HttpxTransport:
 
     async def events(self, path: str, params: dict[str, str]) -> Any:
         async with self.http.stream("GET", path, params=params) as response:
-            buffer = bytearray()
-            async for chunk in response.aiter_bytes():
-                buffer += chunk
-                while (end := buffer.find(b"\n")) >= 0:
-                    line = bytes(buffer[:end])
-                    del buffer[: end + 1]
-                    if line.strip():
-                        yield json.loads(line)
+            async for event in json_lines(response.aiter_bytes(), 2**21, f"watch {path}"):
+                yield event
 
     async def close(self) -> None:
         await self.http.aclose()

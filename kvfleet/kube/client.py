@@ -149,36 +149,27 @@ class KubeClient:
     ) -> aiohttp.ClientResponse:
         """The answer's head (its body still to read; the caller releases it), sent once more with
         renewed credentials after a 401 when the credentials can be renewed."""
+
+        async def send(authorization: str | None) -> aiohttp.ClientResponse:
+            return await self._client().request(
+                method,
+                self.server + path,
+                params=dict(params or {}),
+                data=content,
+                headers={**headers, "Authorization": authorization} if authorization else dict(headers),
+                timeout=self._timeout(read_s),
+                proxy=self._proxy[0],
+                proxy_auth=self._proxy[1],
+            )
+
         header = await self._credentials.header()
-        response = await self._send(method, path, params, content, headers, header, read_s)
+        response = await send(header)
         if response.status == UNAUTHORIZED and header is not None:
             fresh = await self._credentials.refreshed(header)
             if fresh is not None:
                 response.release()
-                response = await self._send(method, path, params, content, headers, fresh, read_s)
+                response = await send(fresh)
         return response
-
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        params: Mapping[str, str] | None,
-        content: bytes | None,
-        headers: Mapping[str, str],
-        authorization: str | None,
-        read_s: float,
-    ) -> aiohttp.ClientResponse:
-        sent = {**headers, "Authorization": authorization} if authorization else dict(headers)
-        return await self._client().request(
-            method,
-            self.server + path,
-            params=dict(params or {}),
-            data=content,
-            headers=sent,
-            timeout=self._timeout(read_s),
-            proxy=self._proxy[0],
-            proxy_auth=self._proxy[1],
-        )
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -317,18 +308,8 @@ class KubeClient:
                 if response.status != 200:
                     text = (await _head(response, ERROR_BODY_BYTES)).decode(errors="replace")
                     raise self._status_error(where, response.status, text, response.headers)
-                buffer = bytearray()
-                async for chunk in response.content.iter_any():
-                    buffer += chunk
-                    while (end := buffer.find(b"\n")) >= 0:
-                        line = bytes(buffer[:end])
-                        del buffer[: end + 1]
-                        if line.strip():
-                            yield json.loads(line)
-                    if len(buffer) > self.max_event_bytes:
-                        raise KubeError(f"{where}: an event over {self.max_event_bytes} bytes")
-                if buffer.strip():
-                    yield json.loads(bytes(buffer))
+                async for event in json_lines(response.content.iter_any(), self.max_event_bytes, where):
+                    yield event
         except KubeError:
             raise
         except ValueError as e:
@@ -355,3 +336,21 @@ def env_proxy(server: str) -> tuple[yarl.URL | None, aiohttp.BasicAuth | None]:
         return get_env_proxy_for_url(yarl.URL(server))
     except LookupError:
         return None, None
+
+
+async def json_lines(chunks: AsyncIterator[bytes], max_line_bytes: int, where: str) -> AsyncIterator[Any]:
+    """Each JSON line of a watch stream, decoded, from its body's chunks as they come (a line may
+    span chunks, a chunk hold many lines); ``KubeError`` for a line over ``max_line_bytes`` (a
+    bound on what one event may cost in memory), ``ValueError`` for one that is not JSON."""
+    buffer = bytearray()
+    async for chunk in chunks:
+        buffer += chunk
+        while (end := buffer.find(b"\n")) >= 0:
+            line = bytes(buffer[:end])
+            del buffer[: end + 1]
+            if line.strip():
+                yield json.loads(line)
+        if len(buffer) > max_line_bytes:
+            raise KubeError(f"{where}: an event over {max_line_bytes} bytes")
+    if buffer.strip():
+        yield json.loads(bytes(buffer))
