@@ -42,12 +42,22 @@ retried. The phases are modules of bench/platform_scale/, one each.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/platform_scale, when run as a script
 
 from platform_scale.run import main
 
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM as Ctrl-C: the run's cleanup (its control plane and components) runs either way;
+    # a plain SIGTERM left them running and the next run shared the cores with them.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _stop)
     main(__doc__ or "")
